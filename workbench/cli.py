@@ -1,0 +1,56 @@
+"""The `workbench` command line.
+
+Every command has ``--json`` and exits 0 when clean, 1 when it found problems, 2 when
+its input is unusable (one clear line on stderr, never a traceback).  Each command lives
+in its own module, exposing ``add_arguments(parser)`` and ``run(args) -> int``; register
+it in COMMANDS below.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+
+import workbench  # noqa: F401  (fast BLAS before mlx.core)
+
+#: command name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+}
+
+
+class UsageError(Exception):
+    """Unusable input: reported as one line on stderr, exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="workbench", description="See inside transformer language models while they run.")
+    p.add_argument("--version", action="version", version=f"workbench {workbench.__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (modname, help_) in COMMANDS.items():
+        mod = importlib.import_module(modname)
+        sp = sub.add_parser(name, help=help_, description=(mod.__doc__ or help_).strip().splitlines()[0])
+        mod.add_arguments(sp)
+        sp.set_defaults(_module=mod)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._module.run(args) or 0)
+    except UsageError as e:
+        if getattr(args, "json", False):
+            print(json.dumps({"error": str(e)}))
+        print(f"workbench {args.command}: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""The op program: the one representation every tool is a view over.
+
+A model's forward pass is a flat, ordered list of named :class:`Op` records.  Each op
+is a pure function of the values of earlier ops (or of the program's inputs) and of
+checkpoint weights, so the program is data: it can be printed, stepped, captured,
+hunted for NaN, laid out on a buffer plan, diffed against an engine, drawn in a widget.
+
+Conventions (relied on by the CLI, the diff and external checks):
+
+* an op that applies a checkpoint weight is named by that weight's module path with
+  the model prefix stripped: ``embed_tokens``, ``layers.3.input_layernorm``,
+  ``layers.3.self_attn.q_proj``, ``layers.3.mlp.down_proj``, ``norm``, ``lm_head``;
+* ``layers.{i}`` is the residual stream after layer ``i``;
+* ``logits`` is the last op;
+* every other op sits under its module (``layers.3.self_attn.softmax``); the names
+  are listed, per family, in docs/ops.md.
+
+Invariants the executor relies on:
+
+1. op names are unique within a program;
+2. ``op.inputs`` only name program inputs or ops that come earlier in the list;
+3. ``op.fn(ctx, *input_values)`` returns one ``mx.array`` and has no side effect other
+   than reading/writing ``ctx.cache`` (KV-cache ops only);
+4. ``op.params`` lists every checkpoint tensor/module the op reads, by canonical
+   (prefix-stripped) module path, e.g. ``layers.3.self_attn.q_proj``.
+"""
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import mlx.core as mx
+
+
+@dataclass(frozen=True)
+class Op:
+    """One named step of a forward pass."""
+
+    name: str
+    kind: str  # "embedding", "rmsnorm", "linear", "rope", "scores", "softmax", "add", ...
+    fn: Callable[..., mx.array] = field(repr=False, compare=False)
+    inputs: tuple[str, ...] = ()
+    params: tuple[str, ...] = ()
+    layer: int | None = None
+    attrs: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    def describe(self) -> str:
+        ins = ", ".join(self.inputs)
+        ps = f" | {', '.join(self.params)}" if self.params else ""
+        return f"{self.name} = {self.kind}({ins}{ps})"
+
+
+@dataclass
+class Program:
+    """An ordered list of ops plus the names of the values fed in from outside."""
+
+    ops: list[Op]
+    inputs: tuple[str, ...] = ("input_ids",)
+
+    def __post_init__(self):
+        self._index = {}
+        known = set(self.inputs)
+        for i, op in enumerate(self.ops):
+            if op.name in self._index or op.name in self.inputs:
+                raise ValueError(f"duplicate op name {op.name!r} at position {i}")
+            for src in op.inputs:
+                if src not in known:
+                    raise ValueError(f"op {op.name!r} reads {src!r}, which is neither a program input nor an earlier op")
+            self._index[op.name] = i
+            known.add(op.name)
+        self._last_use = None
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def __iter__(self):
+        return iter(self.ops)
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            return self.ops[self._index[key]]
+        return self.ops[key]
+
+    @property
+    def names(self) -> list[str]:
+        return [op.name for op in self.ops]
+
+    def index(self, name: str) -> int:
+        try:
+            return self._index[name]
+        except KeyError:
+            raise KeyError(f"no op named {name!r} in this program") from None
+
+    def last_use(self) -> dict[str, int]:
+        """For every value, the index of the last op that reads it (for freeing)."""
+        if self._last_use is None:
+            lu: dict[str, int] = {}
+            for i, op in enumerate(self.ops):
+                for src in op.inputs:
+                    lu[src] = i
+            self._last_use = lu
+        return self._last_use
+
+    def match(self, patterns: str | Iterable[str]) -> list[str]:
+        """Op names matching glob patterns (``layers.*.self_attn.q_proj``) or ``re:`` regexes."""
+        if isinstance(patterns, str):
+            patterns = [patterns]
+        out = []
+        pats = list(patterns)
+        for op in self.ops:
+            if any(name_matches(op.name, p) for p in pats):
+                out.append(op.name)
+        return out
+
+    def __str__(self) -> str:
+        return "\n".join(op.describe() for op in self.ops)
+
+
+def name_matches(name: str, pattern: str) -> bool:
+    """Glob match (``*`` does not stop at dots); ``re:...`` for a regular expression."""
+    if pattern.startswith("re:"):
+        return re.fullmatch(pattern[3:], name) is not None
+    return fnmatch.fnmatchcase(name, pattern)
+
+
+def execute(program: Program, ctx: Any, feeds: Mapping[str, mx.array],
+            keep: Callable[[str], bool] | None = None) -> dict[str, mx.array]:
+    """Run a whole program lazily (no evaluation), freeing values after their last use.
+
+    Returns the values of ops for which ``keep(name)`` is true, plus ``logits``.
+    This is the uncaptured fast path; the Trace adds stepping and capture on top.
+    """
+    env: dict[str, mx.array] = dict(feeds)
+    last = program.last_use()
+    kept: dict[str, mx.array] = {}
+    for i, op in enumerate(program.ops):
+        out = op.fn(ctx, *[env[s] for s in op.inputs])
+        env[op.name] = out
+        if keep is not None and keep(op.name):
+            kept[op.name] = out
+        for s in op.inputs:
+            if last.get(s) == i and s not in feeds:
+                env.pop(s, None)
+    last_op = program.ops[-1].name
+    kept[last_op] = env[last_op]
+    return kept
