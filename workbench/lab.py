@@ -1,0 +1,120 @@
+"""Open JupyterLab on the workbench notebooks (the curated tour on the embedded demo model).
+
+``workbench lab`` starts ``jupyter lab`` on ``notebooks/`` of this checkout, bound to
+127.0.0.1, opening ``01_tour.ipynb``.  ``--dry-run`` prints the command instead of
+running it; with ``--json`` the launch details are printed as one JSON object first.
+Exit status: JupyterLab's own (0 on a clean shutdown), 2 when there is no notebook
+directory or JupyterLab is not installed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = REPO_ROOT / "notebooks"
+FIRST_NOTEBOOK = "01_tour.ipynb"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now (for tests and ``--port 0``)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def lab_argv(root: str | os.PathLike, *, port: int = 8888, ip: str = "127.0.0.1",
+             token: str | None = None, open_browser: bool = True,
+             workspaces_dir: str | os.PathLike | None = None,
+             expose_app: bool = False, default_notebook: str | None = FIRST_NOTEBOOK,
+             extra: list[str] | None = None) -> list[str]:
+    """The ``jupyter lab`` command line used by ``workbench lab`` and the browser test.
+
+    ``token=None`` lets Jupyter generate one (printed in its log); ``token=""``
+    disables authentication (only sensible on 127.0.0.1 in tests).
+    """
+    root = Path(root)
+    argv = [sys.executable, "-m", "jupyterlab",
+            f"--ServerApp.root_dir={root}",
+            f"--ServerApp.ip={ip}",
+            f"--ServerApp.port={port}",
+            "--ServerApp.port_retries=0",
+            "--ServerApp.open_browser=" + ("True" if open_browser else "False")]
+    if token is not None:
+        argv.append(f"--IdentityProvider.token={token}")
+    if workspaces_dir is not None:
+        argv.append(f"--LabApp.workspaces_dir={workspaces_dir}")
+    if expose_app:
+        argv.append("--expose-app-in-browser")
+    if default_notebook and (root / default_notebook).exists():
+        argv.append(f"--LabApp.default_url=/lab/tree/{default_notebook}")
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        argv.append("--allow-root")  # CI machines and containers run as root
+    argv += list(extra or [])
+    return argv
+
+
+def add_arguments(p):
+    p.add_argument("path", nargs="?", default=None,
+                   help=f"notebook directory (default: {NOTEBOOKS})")
+    p.add_argument("--port", type=int, default=8888, help="port to serve on (0: any free port; default 8888)")
+    p.add_argument("--ip", default="127.0.0.1", help="address to bind (default 127.0.0.1, this machine only)")
+    p.add_argument("--no-browser", action="store_true", help="do not open a web browser")
+    p.add_argument("--dry-run", action="store_true", help="print the jupyter command and exit")
+    p.add_argument("--json", action="store_true", help="print the launch details as JSON")
+
+
+def run(args) -> int:
+    from workbench.cli import UsageError
+
+    root = Path(args.path) if args.path else NOTEBOOKS
+    if not root.is_dir():
+        raise UsageError(f"no notebook directory at {root} (workbench lab opens the notebooks/ "
+                         f"folder of a source checkout; pass a directory to open another)")
+    notebooks = sorted(p.name for p in root.glob("*.ipynb"))
+    try:
+        import jupyterlab  # noqa: F401
+    except ImportError:
+        raise UsageError("JupyterLab is not installed in this environment (pip install jupyterlab)") from None
+    port = free_port(args.ip) if args.port == 0 else args.port
+    if not 0 < port < 65536:
+        raise UsageError(f"--port {args.port}: not a TCP port")
+    token = secrets.token_hex(16)
+    argv = lab_argv(root, port=port, ip=args.ip, token=token,
+                    open_browser=not args.no_browser and not args.dry_run)
+    default = FIRST_NOTEBOOK if FIRST_NOTEBOOK in notebooks else ""
+    url = f"http://{args.ip}:{port}/lab/tree/{default}?token={token}"
+    info = {"notebook_dir": str(root), "notebooks": notebooks, "url": url, "command": argv}
+    if args.json:
+        print(json.dumps(info), flush=True)
+    elif args.dry_run:
+        print(" ".join(shlex_quote(a) for a in argv))
+    else:
+        print(f"workbench lab: {len(notebooks)} notebooks in {root}\n  open {url}\n  (Ctrl-C to stop)", flush=True)
+    if args.dry_run:
+        return 0
+    proc = subprocess.Popen(argv, cwd=str(root))
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        return 0
+
+
+def shlex_quote(s: str) -> str:
+    import shlex
+    return shlex.quote(s)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    from workbench.cli import main
+    sys.exit(main(["lab", *sys.argv[1:]]))
