@@ -1,0 +1,176 @@
+"""Python API: run the reference, dump its activations, diff an engine's dump against it."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from workbench.diff import readers
+from workbench.diff.metrics import Tolerance
+from workbench.diff.naming import Rules, compile_rules, load_rules
+from workbench.diff.report import DiffError, DiffReport, compare_arrays, match_names, to_numpy
+
+
+@dataclass
+class Reference:
+    """Our activations for one input: float32 arrays by op name, in execution order."""
+
+    values: dict[str, np.ndarray]
+    order: list[str]  # the whole program's execution order (values may hold a subset)
+    ids: list[int] | None = None
+    model: str | None = None
+    dtype: str | None = None
+    inputs: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        meta = {readers.META_MODEL: self.model or "", readers.META_DTYPE: self.dtype or "float32"}
+        if self.ids is not None:
+            meta[readers.META_IDS] = json.dumps([int(i) for i in self.ids])
+        meta["workbench.op_inputs"] = json.dumps({k: list(v) for k, v in self.inputs.items()})
+        readers.write_dump(path, self.values, self.order, meta)
+        return Path(path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Reference":
+        values, meta = readers.read_safetensors(path)
+        if meta.get(readers.META_FORMAT) != readers.FORMAT:
+            raise readers.DumpError(f"{path}: not a workbench reference dump (no {readers.META_FORMAT} metadata)")
+        order = readers.dump_order(meta) or list(values)
+        ids = json.loads(meta[readers.META_IDS]) if readers.META_IDS in meta else None
+        try:
+            inputs = {k: tuple(v) for k, v in json.loads(meta.get("workbench.op_inputs", "{}")).items()}
+        except (json.JSONDecodeError, AttributeError):
+            inputs = {}
+        return cls(values=values, order=order, ids=ids, model=meta.get(readers.META_MODEL) or None,
+                   dtype=meta.get(readers.META_DTYPE), inputs=inputs)
+
+
+def is_reference_dump(path: str | os.PathLike) -> bool:
+    p = Path(path)
+    if not p.is_file():
+        return False
+    try:
+        with open(p, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                return False
+            n = int.from_bytes(head, "little")
+            if n > 100_000_000:
+                return False
+            return readers.FORMAT.encode() in f.read(n)
+    except OSError:
+        return False
+
+
+def _load_model(model: Any, dtype: str | None):
+    if isinstance(model, (str, os.PathLike)):
+        import workbench
+
+        return workbench.load(model, dtype=dtype)
+    if not hasattr(model, "program"):
+        raise TypeError(f"expected a checkpoint path or a loaded model, not {type(model).__name__}")
+    return model
+
+
+def _ids_for(model, prompt: str | None, ids: Sequence[int] | None) -> Any:
+    if (prompt is None) == (ids is None):
+        raise DiffError("give exactly one of a prompt or token ids")
+    if ids is not None:
+        ids = [int(i) for i in ids]
+        if not ids:
+            raise DiffError("token ids are empty")
+        return ids
+    return prompt
+
+
+def run_reference(model: Any, prompt: str | None = None, ids: Sequence[int] | None = None,
+                  ops: str | Iterable[str] | None = None, dtype: str | None = None) -> Reference:
+    """Run our reference on one input, keeping the ops matching ``ops`` (globs; default all)."""
+    import workbench
+
+    m = _load_model(model, dtype)
+    program = m.program
+    if ops is None:
+        names = program.names
+    elif not isinstance(ops, str) and set(ops) <= set(program.names):  # exact op names
+        wanted = set(ops)
+        names = [n for n in program.names if n in wanted]
+    else:
+        names = program.match(ops)
+    if not names:
+        raise DiffError(f"no op matches {ops!r}")
+    tr = workbench.trace(m, _ids_for(m, prompt, ids), capture=list(names), dtype=dtype)
+    tr.run()
+    values = {n: to_numpy(tr.value(n)) for n in names}
+    got_ids = getattr(tr, "ids", None)
+    if got_ids is None:
+        got_ids = ids
+    if got_ids is not None:
+        got_ids = [int(i) for i in np.asarray(to_numpy(got_ids) if not isinstance(got_ids, list) else got_ids).ravel()]
+    return Reference(values=values, order=list(program.names), ids=got_ids,
+                     model=str(model) if isinstance(model, (str, os.PathLike)) else getattr(m, "path", None) and str(m.path),
+                     dtype=dtype, inputs={op.name: tuple(op.inputs) for op in program.ops})
+
+
+def dump(model: Any, out: str | os.PathLike | None = None, prompt: str | None = None,
+         ids: Sequence[int] | None = None, ops: str | Iterable[str] | None = None,
+         dtype: str | None = None) -> Reference:
+    """Run the reference and (when ``out`` is given) write its activations as float32 safetensors.
+
+    The file's metadata holds ``workbench.op_order`` (JSON list of every op of the
+    program, in execution order), ``workbench.ids`` (the token ids), ``workbench.model``
+    and ``workbench.dtype``.
+    """
+    ref = run_reference(model, prompt=prompt, ids=ids, ops=ops, dtype=dtype)
+    if out is not None:
+        ref.save(out)
+    return ref
+
+
+def _rules(rules: Any) -> Rules:
+    if rules is None:
+        return []
+    if isinstance(rules, (str, os.PathLike)):
+        return load_rules(rules)
+    return compile_rules(rules)
+
+
+def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[int] | None = None,
+            rules: Any = None, tolerance: Tolerance | dict | None = None, dtype: str | None = None) -> DiffReport:
+    """Diff an engine dump against our reference.
+
+    ``model``: a checkpoint path, a loaded model, a :class:`Reference`, or the path of a
+    reference dump written by :func:`dump` (then no prompt is needed).  ``engine``: a
+    dump path (.safetensors, .npz, directory of .npy) or a mapping of arrays.  ``rules``:
+    a rules JSON path or a list of ``[regex, replacement]`` pairs.  Only the ops the
+    engine has a tensor for are captured.
+    """
+    rules = _rules(rules)
+    if isinstance(engine, Mapping):
+        eng, emeta = dict(engine), {}
+    else:
+        eng, emeta = readers.read_dump(engine)
+    if not eng:
+        raise DiffError(f"{engine if not isinstance(engine, Mapping) else 'the engine mapping'}: holds no tensors")
+    if isinstance(model, (str, os.PathLike)) and is_reference_dump(model):
+        model = Reference.load(model)
+    if isinstance(model, Reference):
+        return compare_arrays(model.values, eng, order=model.order, rules=rules, tolerance=tolerance,
+                              inputs=model.inputs)
+    m = _load_model(model, dtype)
+    program = m.program
+    if prompt is None and ids is None and readers.META_IDS in emeta:
+        ids = json.loads(emeta[readers.META_IDS])
+    matched, _, _ = match_names(eng.keys(), program.names, rules)
+    if matched:
+        ref = run_reference(m, prompt=prompt, ids=ids, ops=list(matched), dtype=dtype)
+        values = ref.values
+    else:
+        _ids_for(m, prompt, ids)
+        values = {}
+    return compare_arrays(values, eng, order=program.names, rules=rules, tolerance=tolerance,
+                          inputs={op.name: tuple(op.inputs) for op in program.ops})

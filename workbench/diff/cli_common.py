@@ -1,0 +1,63 @@
+"""Argument handling shared by `workbench dump` and `workbench diff`."""
+from __future__ import annotations
+
+import contextlib
+
+from workbench.cli import UsageError
+from workbench.diff.naming import RulesError
+from workbench.diff.readers import DumpError
+from workbench.diff.report import DiffError
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def add_input_arguments(p) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--prompt", metavar="TEXT", help="text, tokenized with the checkpoint's tokenizer")
+    g.add_argument("--ids", metavar="1,2,3", help="token ids, comma-separated")
+
+
+def add_dtype_argument(p) -> None:
+    p.add_argument("--dtype", choices=DTYPES, default=None,
+                   help="compute dtype of the reference (default: the checkpoint's); values are dumped as float32")
+
+
+def parse_input(args, required: bool = True):
+    ids = None
+    if args.ids is not None:
+        try:
+            ids = [int(s) for s in args.ids.replace(" ", "").split(",") if s != ""]
+        except ValueError:
+            raise UsageError(f"--ids {args.ids!r}: expected comma-separated integers like 1,2,3") from None
+        if not ids:
+            raise UsageError("--ids is empty")
+        if any(i < 0 for i in ids):
+            raise UsageError(f"--ids {args.ids!r}: token ids cannot be negative")
+    if required and ids is None and args.prompt is None:
+        raise UsageError("give the input: --prompt TEXT or --ids 1,2,3")
+    return ids, args.prompt
+
+
+def _load_errors() -> tuple[type, ...]:
+    """Error types our checkpoint loader raises for unusable checkpoints (if it defines them)."""
+    out: list[type] = []
+    for mod, name in (("workbench.checkpoint", "CheckpointError"), ("workbench.models", "ModelError"),
+                      ("workbench.trace", "TraceError")):
+        try:
+            m = __import__(mod, fromlist=[name])
+            t = getattr(m, name, None)
+            if isinstance(t, type) and issubclass(t, Exception):
+                out.append(t)
+        except Exception:
+            pass
+    return tuple(out)
+
+
+@contextlib.contextmanager
+def usage_errors():
+    try:
+        yield
+    except (DumpError, RulesError, DiffError, FileNotFoundError, NotADirectoryError, IsADirectoryError) as e:
+        raise UsageError(str(e)) from None
+    except _load_errors() as e:
+        raise UsageError(str(e)) from None

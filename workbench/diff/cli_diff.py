@@ -1,0 +1,54 @@
+"""Compare an engine's activation dump with our reference and report the first op where they diverge.
+
+ENGINE_DUMP is a .safetensors or .npz file or a directory of .npy files.  --map RULES.json
+renames the engine's tensors onto our op names (a JSON list of [regex, replacement] pairs,
+applied in order).  Exit 0: no divergence; 1: a divergence; 2: unusable input.
+"""
+from __future__ import annotations
+
+import json
+
+from workbench.diff import cli_common as common
+from workbench.diff.metrics import Tolerance
+
+
+def add_arguments(p) -> None:
+    p.add_argument("path", help="checkpoint directory (or a reference dump written by `workbench dump`)")
+    p.add_argument("engine_dump", metavar="ENGINE_DUMP", help=".safetensors, .npz, or a directory of .npy files")
+    common.add_input_arguments(p)
+    p.add_argument("--map", metavar="RULES.json", help="JSON list of [regex, replacement] pairs for engine names")
+    common.add_dtype_argument(p)
+    d = Tolerance()
+    p.add_argument("--min-cosine", type=float, default=d.min_cosine,
+                   help=f"an op diverges below this cosine similarity (default {d.min_cosine})")
+    p.add_argument("--max-nmse", type=float, default=d.max_nmse,
+                   help=f"an op diverges above this MSE / var(reference) (default {d.max_nmse})")
+    p.add_argument("--max-abs", type=float, default=None, help="an op diverges above this max abs error (default: off)")
+    p.add_argument("--plot", metavar="FILE.png", help="also save the per-op error curve")
+    p.add_argument("--all", action="store_true", help="list every compared op (text output)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def run(args) -> int:
+    from workbench.diff.api import compare, is_reference_dump
+
+    is_ref = is_reference_dump(args.path)
+    ids, prompt = common.parse_input(args, required=not is_ref)
+    tol = Tolerance(min_cosine=args.min_cosine, max_nmse=args.max_nmse, max_abs=args.max_abs)
+    with common.usage_errors():
+        report = compare(args.path, args.engine_dump, prompt=prompt, ids=ids, rules=args.map,
+                         tolerance=tol, dtype=args.dtype)
+    if report.compared == 0 and report.first_divergence is None:
+        hint = ", ".join(f"{n} (closest op: {report.suggestions[n]})" if n in report.suggestions else n
+                         for n in report.unmatched_engine[:5])
+        raise common.UsageError(f"{args.engine_dump}: none of its {len(report.unmatched_engine)} tensors maps to an op "
+                                f"(e.g. {hint}); write a --map rules file")
+    if args.plot:
+        from workbench.plots import error_curve, save
+
+        save(error_curve(report), args.plot)
+    if args.json:
+        print(json.dumps(report.to_dict()))
+    else:
+        print(report.summary(max_ops=10_000 if args.all else 40))
+    return 1 if report.first_divergence is not None else 0

@@ -1,0 +1,43 @@
+"""Run the reference and write its activations (float32, keyed by op name) to a safetensors file.
+
+The file's metadata holds the op order (``workbench.op_order``, a JSON list), the token ids
+(``workbench.ids``), the model path and the dtype, so the dump can be diffed with any tool.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from workbench.diff import cli_common as common
+
+
+def add_arguments(p) -> None:
+    p.add_argument("path", help="checkpoint directory (or file)")
+    common.add_input_arguments(p)
+    p.add_argument("--out", required=True, help="the .safetensors file to write")
+    p.add_argument("--ops", action="append", metavar="PATTERN",
+                   help="only ops matching this glob (or re:REGEX); repeatable, or comma-separated")
+    common.add_dtype_argument(p)
+    p.add_argument("--json", action="store_true", help="print a JSON summary")
+
+
+def run(args) -> int:
+    from workbench.diff.api import dump
+
+    ids, prompt = common.parse_input(args)
+    ops = None
+    if args.ops:
+        ops = [s.strip() for arg in args.ops for s in arg.split(",") if s.strip()]
+    out = args.out
+    if not out.endswith(".safetensors"):
+        raise common.UsageError(f"--out {out}: the dump is written as safetensors; name it *.safetensors")
+    with common.usage_errors():
+        ref = dump(args.path, out=out, prompt=prompt, ids=ids, ops=ops, dtype=args.dtype)
+    size = os.path.getsize(out)
+    summary = {"out": out, "ops": len(ref.values), "program_ops": len(ref.order), "bytes": size,
+               "ids": ref.ids, "dtype": ref.dtype or "float32", "names": list(ref.values)}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"wrote {len(ref.values)} of {len(ref.order)} ops ({size / 1e6:.1f} MB, float32) to {out}")
+    return 0

@@ -1,0 +1,115 @@
+"""Error metrics between a reference activation and an engine's, and the tolerance.
+
+All metrics are computed in float64 over float32 inputs, on the elements finite in both
+tensors; non-finite elements are counted separately (NaN, +Inf, -Inf, per element,
+never through a sum):
+
+* ``cosine``: cosine similarity of the flattened tensors (1.0 when both are all zeros,
+  0.0 when exactly one is);
+* ``nmse``: mean squared error divided by the variance of the reference; for a constant
+  reference, by its mean square; 0 when both are exactly equal;
+* ``max_abs``: the largest ``|engine - ref|``;
+* ``max_rel``: the largest ``|engine - ref| / max(|ref|, floor)`` with
+  ``floor = 1e-3 * rms(ref)``, so that reference elements near zero do not dominate.
+
+An op has *diverged* when its cosine is below ``Tolerance.min_cosine`` (default 0.995),
+or its NMSE above ``Tolerance.max_nmse`` (default 1e-2), or (when set) its max abs error
+above ``Tolerance.max_abs``, or when the engine has non-finite elements where the
+reference is finite.  The defaults pass an engine computing in bfloat16/float16 against
+our float32 reference on a whole forward pass of a small model, and flag the usual
+porting bugs (a wrong RoPE, a missing norm scale, transposed weights, a dropped
+residual) at the op where they happen.  Tighten them to diff float32 engines.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    min_cosine: float = 0.995
+    max_nmse: float = 1e-2
+    max_abs: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_any(cls, tol: "Tolerance | dict | None") -> "Tolerance":
+        if tol is None:
+            return cls()
+        if isinstance(tol, Tolerance):
+            return tol
+        if isinstance(tol, dict):
+            unknown = set(tol) - {"min_cosine", "max_nmse", "max_abs"}
+            if unknown:
+                raise ValueError(f"unknown tolerance key(s) {sorted(unknown)}; use min_cosine, max_nmse, max_abs")
+            return cls(**tol)
+        raise TypeError(f"tolerance must be a Tolerance or a dict, not {type(tol).__name__}")
+
+
+def _nonfinite(a: np.ndarray) -> dict[str, int]:
+    return {"nan": int(np.isnan(a).sum()), "posinf": int(np.isposinf(a).sum()), "neginf": int(np.isneginf(a).sum())}
+
+
+def error_metrics(ref: np.ndarray, eng: np.ndarray) -> dict[str, Any]:
+    """Metrics between two same-shaped arrays (see module docstring)."""
+    if ref.shape != eng.shape:
+        raise ValueError(f"shapes differ: {ref.shape} vs {eng.shape}")
+    r = np.asarray(ref, dtype=np.float32).ravel()
+    e = np.asarray(eng, dtype=np.float32).ravel()
+    nf_r, nf_e = _nonfinite(r), _nonfinite(e)
+    fin_r, fin_e = np.isfinite(r), np.isfinite(e)
+    both = fin_r & fin_e
+    new_nonfinite = int((fin_r & ~fin_e).sum())
+    rr = r[both].astype(np.float64)
+    ee = e[both].astype(np.float64)
+    if rr.size == 0:
+        cos = nmse = max_abs = max_rel = float("nan")
+    else:
+        d = ee - rr
+        nr, ne = float(np.sqrt(np.dot(rr, rr))), float(np.sqrt(np.dot(ee, ee)))
+        if nr == 0 and ne == 0:
+            cos = 1.0
+        elif nr == 0 or ne == 0:
+            cos = 0.0
+        else:
+            cos = float(np.clip(np.dot(rr, ee) / (nr * ne), -1.0, 1.0))
+        mse = float(np.mean(d * d))
+        var = float(np.var(rr))
+        if mse == 0.0:
+            nmse = 0.0
+        else:
+            denom = var if var > 0 else float(np.mean(rr * rr))
+            nmse = mse / denom if denom > 0 else float("inf")
+        ad = np.abs(d)
+        max_abs = float(ad.max())
+        floor = 1e-3 * float(np.sqrt(np.mean(rr * rr)))
+        den = np.maximum(np.abs(rr), floor)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rel = np.where(den > 0, ad / np.where(den > 0, den, 1.0), np.where(ad > 0, np.inf, 0.0))
+        max_rel = float(rel.max())
+    return {
+        "cosine": cos, "nmse": nmse, "max_abs": max_abs, "max_rel": max_rel,
+        "nonfinite_ref": nf_r, "nonfinite_engine": nf_e,
+        "nonfinite_new": new_nonfinite,  # finite in ours, non-finite in the engine
+        "elements": int(r.size),
+    }
+
+
+def diverged(m: dict[str, Any], tol: Tolerance) -> list[str]:
+    """Reasons the metrics are beyond tolerance (empty when within)."""
+    why = []
+    if m["nonfinite_new"]:
+        why.append(f"{m['nonfinite_new']} element(s) non-finite in the engine, finite in the reference")
+    cos, nmse = m["cosine"], m["nmse"]
+    if not np.isnan(cos) and cos < tol.min_cosine:
+        why.append(f"cosine {cos:.6g} < {tol.min_cosine:g}")
+    if not np.isnan(nmse) and nmse > tol.max_nmse:
+        why.append(f"nmse {nmse:.3g} > {tol.max_nmse:g}")
+    if tol.max_abs is not None and not np.isnan(m["max_abs"]) and m["max_abs"] > tol.max_abs:
+        why.append(f"max_abs {m['max_abs']:.3g} > {tol.max_abs:g}")
+    return why

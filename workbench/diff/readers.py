@@ -1,0 +1,198 @@
+"""Reading engine dumps and writing reference dumps.
+
+An engine dump is one of:
+
+* a ``.safetensors`` file (any of F64/F32/F16/BF16 and the integer/bool dtypes);
+* a ``.npz`` archive, read with ``np.load(allow_pickle=False)`` (object arrays are refused);
+* a directory of ``.npy`` files (searched recursively; a file's name, relative to the
+  directory, without ``.npy`` and with ``/`` kept, is the tensor name).
+
+Every tensor is returned as a float32 ``numpy`` array keyed by its name in the dump.  The
+file is never modified.  Anything unreadable raises :class:`DumpError` naming the file,
+the tensor and, for safetensors, the byte offset.
+
+bfloat16 has no numpy dtype: in safetensors it is ``BF16``; in ``.npy``/``.npz`` files
+written through ``ml_dtypes`` it appears as the 2-byte void dtype ``V2`` and is read as
+bfloat16 too.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zipfile
+from pathlib import Path
+from typing import Iterable, Mapping
+
+import numpy as np
+
+#: metadata keys of a reference dump written by :func:`write_dump`
+META_FORMAT = "workbench.format"
+META_ORDER = "workbench.op_order"
+META_IDS = "workbench.ids"
+META_MODEL = "workbench.model"
+META_DTYPE = "workbench.dtype"
+FORMAT = "workbench.dump/1"
+
+
+class DumpError(ValueError):
+    """An engine or reference dump that cannot be read (unusable input)."""
+
+
+_ST_DTYPES = {
+    "F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"),
+    "BF16": np.dtype("<u2"),  # decoded below
+    "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "I16": np.dtype("<i2"), "I8": np.dtype("i1"),
+    "U64": np.dtype("<u8"), "U32": np.dtype("<u4"), "U16": np.dtype("<u2"), "U8": np.dtype("u1"),
+    "BOOL": np.dtype("?"),
+}
+
+
+def bf16_to_f32(raw: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (uint16 or 2-byte void) -> float32, exactly."""
+    u = np.ascontiguousarray(raw).view(np.uint16).astype(np.uint32) << 16
+    return u.view(np.float32)
+
+
+def _to_f32(arr: np.ndarray, where: str) -> np.ndarray:
+    if arr.dtype.kind == "V" and arr.dtype.itemsize == 2:
+        return bf16_to_f32(arr)
+    if arr.dtype.kind not in "fiub":
+        raise DumpError(f"{where}: dtype {arr.dtype} is not numeric")
+    return np.asarray(arr, dtype=np.float32)
+
+
+def read_safetensors(path: str | os.PathLike, names: Iterable[str] | None = None) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Read a safetensors file (only ``names`` if given) -> (float32 arrays, metadata)."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise DumpError(f"{path}: {size} bytes, too short for a safetensors header (needs 8 bytes of length)")
+        (n,) = struct.unpack("<Q", head)
+        if n > size - 8:
+            raise DumpError(f"{path}: header length {n} at byte 0 runs past the end of the file ({size} bytes)")
+        try:
+            header = json.loads(f.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise DumpError(f"{path}: the JSON header (bytes 8..{8 + n}) does not parse: {e}") from None
+        if not isinstance(header, dict):
+            raise DumpError(f"{path}: the JSON header (bytes 8..{8 + n}) is not an object")
+        meta = header.pop("__metadata__", None) or {}
+        if not isinstance(meta, dict):
+            raise DumpError(f"{path}: __metadata__ is not an object")
+        wanted = None if names is None else set(names)
+        out: dict[str, np.ndarray] = {}
+        base = 8 + n
+        for name, info in header.items():
+            if wanted is not None and name not in wanted:
+                continue
+            try:
+                dt, shape, (lo, hi) = info["dtype"], [int(s) for s in info["shape"]], info["data_offsets"]
+            except (KeyError, TypeError, ValueError):
+                raise DumpError(f"{path}: tensor {name!r}: header entry {info!r} lacks dtype/shape/data_offsets") from None
+            if dt not in _ST_DTYPES:
+                raise DumpError(f"{path}: tensor {name!r}: dtype {dt!r} is not supported (one of {', '.join(_ST_DTYPES)})")
+            npdt = _ST_DTYPES[dt]
+            count = int(np.prod(shape, dtype=np.int64))
+            if hi - lo != count * npdt.itemsize or lo < 0:
+                raise DumpError(f"{path}: tensor {name!r}: data_offsets [{lo}, {hi}] hold {hi - lo} bytes, "
+                                f"but {dt}{shape} needs {count * npdt.itemsize}")
+            if base + hi > size:
+                raise DumpError(f"{path}: tensor {name!r}: data at bytes {base + lo}..{base + hi} runs past the end "
+                                f"of the file ({size} bytes)")
+            f.seek(base + lo)
+            raw = np.frombuffer(f.read(hi - lo), dtype=npdt).reshape(shape)
+            out[name] = bf16_to_f32(raw) if dt == "BF16" else np.asarray(raw, dtype=np.float32)
+        if wanted is not None:
+            missing = wanted - set(out)
+            if missing:
+                raise DumpError(f"{path}: no tensor named {sorted(missing)[0]!r}")
+    return out, {str(k): str(v) for k, v in meta.items()}
+
+
+def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    path = Path(path)
+    out: dict[str, np.ndarray] = {}
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if not hasattr(z, "files"):
+                raise DumpError(f"{path}: not an .npz archive (it holds a single array; save it as .npy in a directory)")
+            for name in z.files:
+                try:
+                    arr = z[name]
+                except ValueError as e:  # object arrays need pickle: refused
+                    raise DumpError(f"{path}: array {name!r} cannot be read without pickle ({e}); "
+                                    "save numeric arrays only") from None
+                out[name] = _to_f32(arr, f"{path}: array {name!r}")
+    except (zipfile.BadZipFile, OSError, EOFError) as e:
+        raise DumpError(f"{path}: not a readable .npz archive ({e})") from None
+    except ValueError as e:
+        if isinstance(e, DumpError):
+            raise
+        raise DumpError(f"{path}: not a readable .npz archive ({e})") from None
+    return out
+
+
+def read_npy_dir(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    path = Path(path)
+    files = sorted(p for p in path.rglob("*.npy") if p.is_file())
+    if not files:
+        raise DumpError(f"{path}: directory holds no .npy files")
+    out: dict[str, np.ndarray] = {}
+    for p in files:
+        name = p.relative_to(path).with_suffix("").as_posix()
+        try:
+            arr = np.load(p, allow_pickle=False)
+        except ValueError as e:
+            raise DumpError(f"{p}: cannot be read without pickle or is not an .npy file ({e})") from None
+        except (OSError, EOFError) as e:
+            raise DumpError(f"{p}: not a readable .npy file ({e})") from None
+        out[name] = _to_f32(arr, str(p))
+    return out
+
+
+def read_dump(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Any supported dump -> (float32 arrays by name, metadata; empty unless safetensors)."""
+    p = Path(path)
+    if not p.exists():
+        raise DumpError(f"{p}: no such file or directory")
+    if p.is_dir():
+        return read_npy_dir(p), {}
+    with open(p, "rb") as f:
+        magic = f.read(4)
+    if p.suffix == ".npz" or magic == b"PK\x03\x04":
+        return read_npz(p), {}
+    if p.suffix == ".npy" or magic == b"\x93NUM":
+        raise DumpError(f"{p}: a single .npy file has no tensor names; put one .npy per op in a directory, "
+                        "or use .npz / .safetensors")
+    return read_safetensors(p)
+
+
+def write_dump(path: str | os.PathLike, arrays: Mapping[str, np.ndarray], order: list[str],
+               metadata: Mapping[str, str] | None = None) -> None:
+    """Write float32 arrays as safetensors, with the op order and provenance in the metadata."""
+    from safetensors.numpy import save_file
+
+    meta = {META_FORMAT: FORMAT, META_ORDER: json.dumps(list(order))}
+    meta.update({k: str(v) for k, v in (metadata or {}).items()})
+    tensors = {k: np.ascontiguousarray(np.asarray(v, dtype=np.float32)) for k, v in arrays.items()}
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(tmp), metadata=meta)
+    os.replace(tmp, path)
+
+
+def dump_order(meta: Mapping[str, str]) -> list[str] | None:
+    """The op order recorded in a reference dump's metadata, or None."""
+    raw = meta.get(META_ORDER)
+    if raw is None:
+        return None
+    try:
+        order = json.loads(raw)
+    except json.JSONDecodeError:
+        raise DumpError(f"metadata {META_ORDER} is not JSON") from None
+    if not isinstance(order, list) or not all(isinstance(x, str) for x in order):
+        raise DumpError(f"metadata {META_ORDER} is not a list of op names")
+    return order

@@ -1,0 +1,248 @@
+"""The diff itself, over plain mappings of arrays: names, layouts, metrics, first divergence.
+
+:func:`compare_arrays` needs no model: give it our activations by op name (numpy or MLX
+arrays), the engine's by the engine's names, our execution order and the renaming rules.
+``workbench.diff.compare`` runs the reference model and calls it.
+"""
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from workbench.diff.layout import LayoutError, reconcile
+from workbench.diff.metrics import Tolerance, diverged, error_metrics
+from workbench.diff.naming import Rules, apply_rules, compile_rules
+
+
+class DiffError(ValueError):
+    """Input the diff cannot use (two engine tensors for one op, an empty dump, ...)."""
+
+
+_LAYER = re.compile(r"^layers\.(\d+)(?:\.|$)")
+
+
+def layer_of(name: str) -> int | None:
+    m = _LAYER.match(name)
+    return int(m.group(1)) if m else None
+
+
+def to_numpy(x: Any) -> np.ndarray:
+    """numpy or MLX array -> float32 numpy (bfloat16 included)."""
+    if isinstance(x, np.ndarray):
+        return x.astype(np.float32, copy=False)
+    if type(x).__module__.startswith("mlx"):
+        import mlx.core as mx
+
+        return np.array(x.astype(mx.float32))
+    return np.asarray(x, dtype=np.float32)
+
+
+def _num(x: float | None) -> float | None:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return None
+    return float(x)
+
+
+@dataclass
+class OpDiff:
+    """One of our ops matched with an engine tensor."""
+
+    op: str
+    engine_name: str
+    index: int  # position in our execution order
+    layer: int | None
+    status: str  # "ok" | "diverged" | "shape" (cannot be reconciled) | "ambiguous" (layout)
+    shape: tuple[int, ...]
+    engine_shape: tuple[int, ...]
+    layout: str = ""  # steps taken to bring the engine tensor to our shape
+    cosine: float | None = None
+    nmse: float | None = None
+    max_abs: float | None = None
+    max_rel: float | None = None
+    nonfinite_ref: dict = field(default_factory=dict)
+    nonfinite_engine: dict = field(default_factory=dict)
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def compared(self) -> bool:
+        return self.status in ("ok", "diverged")
+
+    @property
+    def is_divergence(self) -> bool:
+        return self.status in ("diverged", "shape")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "op": self.op, "engine_name": self.engine_name, "index": self.index, "layer": self.layer,
+            "status": self.status, "cosine": _num(self.cosine), "nmse": _num(self.nmse),
+            "max_abs": _num(self.max_abs), "max_rel": _num(self.max_rel),
+            "nonfinite_ref": self.nonfinite_ref, "nonfinite_engine": self.nonfinite_engine,
+            "shape": list(self.shape), "engine_shape": list(self.engine_shape),
+            "layout": self.layout, "reasons": list(self.reasons),
+        }
+
+
+@dataclass
+class DiffReport:
+    """Every matched op in our execution order, the first divergence, and what did not match."""
+
+    ops: list[OpDiff]
+    order: list[str]
+    unmatched_engine: list[str]
+    unmatched_reference: list[str]
+    tolerance: Tolerance
+    renamed: dict[str, str] = field(default_factory=dict)  # engine name -> our name, where rules changed it
+    suggestions: dict[str, str] = field(default_factory=dict)  # unmatched engine name -> closest op name
+    inputs: dict[str, tuple[str, ...]] = field(default_factory=dict)  # op -> the ops it reads (from the program)
+
+    @property
+    def first_divergence(self) -> OpDiff | None:
+        return next((o for o in self.ops if o.is_divergence), None)
+
+    @property
+    def compared(self) -> int:
+        return sum(o.compared for o in self.ops)
+
+    def __getitem__(self, op: str) -> OpDiff:
+        for o in self.ops:
+            if o.op == op:
+                return o
+        raise KeyError(f"op {op!r} was not compared")
+
+    def first_divergence_dict(self) -> dict[str, Any] | None:
+        fd = self.first_divergence
+        if fd is None:
+            return None
+        d = {"op": fd.op, "cosine": _num(fd.cosine), "nmse": _num(fd.nmse), "max_abs": _num(fd.max_abs),
+             "engine_name": fd.engine_name, "index": fd.index, "layer": fd.layer, "status": fd.status,
+             "reasons": list(fd.reasons)}
+        if fd.op in self.inputs:
+            by = {o.op: o.status for o in self.ops}
+            d["inputs"] = [{"op": s, "status": by.get(s, "not compared")} for s in self.inputs[fd.op]]
+        return d
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "first_divergence": self.first_divergence_dict(),
+            "compared": self.compared,
+            "unmatched_engine": list(self.unmatched_engine),
+            "unmatched_reference": list(self.unmatched_reference),
+            "ops": [o.to_dict() for o in self.ops],
+            "tolerance": self.tolerance.to_dict(),
+            "renamed": dict(self.renamed),
+            "suggestions": dict(self.suggestions),
+        }
+
+    def summary(self, max_ops: int = 40) -> str:
+        lines = []
+        fd = self.first_divergence
+        if fd is None:
+            lines.append(f"no divergence: {self.compared} ops compared within tolerance "
+                         f"(cosine >= {self.tolerance.min_cosine:g}, nmse <= {self.tolerance.max_nmse:g})")
+        else:
+            lines.append(f"first divergence: {fd.op} (engine {fd.engine_name!r}, op #{fd.index}): "
+                         + "; ".join(fd.reasons))
+            ins = (self.first_divergence_dict() or {}).get("inputs")
+            if ins:
+                lines.append("  its inputs: " + ", ".join(f"{i['op']} ({i['status']})" for i in ins))
+        lines.append(f"{'#':>5}  {'op':<40} {'status':<9} {'cosine':>10} {'nmse':>10} {'max_abs':>10}")
+        shown = self.ops if len(self.ops) <= max_ops else self.ops[:max_ops]
+        f = lambda x, spec: "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+        for o in shown:
+            lines.append(f"{o.index:>5}  {o.op:<40} {o.status:<9} {f(o.cosine, '.6f'):>10} {f(o.nmse, '.3g'):>10} "
+                         f"{f(o.max_abs, '.3g'):>10}")
+        if len(self.ops) > max_ops:
+            lines.append(f"       ... {len(self.ops) - max_ops} more ops")
+        if self.unmatched_engine:
+            lines.append(f"engine tensors matching no op ({len(self.unmatched_engine)}): "
+                         + ", ".join(n + (f" (closest op: {self.suggestions[n]})" if n in self.suggestions else "")
+                                     for n in self.unmatched_engine[:20])
+                         + (" ..." if len(self.unmatched_engine) > 20 else ""))
+        if self.unmatched_reference:
+            lines.append(f"our ops with no engine tensor ({len(self.unmatched_reference)}): "
+                         + ", ".join(self.unmatched_reference[:20])
+                         + (" ..." if len(self.unmatched_reference) > 20 else ""))
+        return "\n".join(lines)
+
+    __str__ = summary
+
+    def _repr_pretty_(self, p, cycle):  # IPython
+        p.text(self.summary())
+
+
+def match_names(engine_names: Iterable[str], ours: Sequence[str], rules: Rules) -> tuple[dict[str, str], list[str], dict[str, str]]:
+    """Map engine names through the rules -> ({our op: engine name}, unmatched engine names, renamed)."""
+    known = set(ours)
+    matched: dict[str, str] = {}
+    unmatched: list[str] = []
+    renamed: dict[str, str] = {}
+    for en in engine_names:
+        mapped = apply_rules(en, rules)
+        if mapped != en:
+            renamed[en] = mapped
+        if mapped in known:
+            if mapped in matched:
+                raise DiffError(f"engine tensors {matched[mapped]!r} and {en!r} both map to op {mapped!r}; "
+                                "fix the rules so each op gets one tensor")
+            matched[mapped] = en
+        else:
+            unmatched.append(en)
+    return matched, unmatched, renamed
+
+
+def compare_arrays(reference: Mapping[str, Any], engine: Mapping[str, Any], order: Sequence[str] | None = None,
+                   rules: Rules | Iterable[Sequence[str]] | None = None, tolerance: Tolerance | dict | None = None,
+                   inputs: Mapping[str, Sequence[str]] | None = None) -> DiffReport:
+    """Compare engine activations with ours.
+
+    ``reference``: our activations by op name (every op of ``order`` that the engine may
+    match); ``engine``: the engine's by its own names; ``order``: our execution order
+    (default: the reference's key order); ``rules``: ``[regex, replacement]`` pairs or
+    compiled rules; ``inputs``: op -> the ops it reads, to say whether the first
+    divergence's inputs were still fine.
+    """
+    tol = Tolerance.from_any(tolerance)
+    if rules and not isinstance(next(iter(rules))[0], re.Pattern):
+        rules = compile_rules(rules)
+    rules = list(rules or [])
+    order = list(order) if order is not None else list(reference)
+    if not engine:
+        raise DiffError("the engine dump holds no tensors")
+    available = [n for n in order if n in reference]
+    matched, unmatched_engine, renamed = match_names(engine.keys(), available, rules)
+    pos = {n: i for i, n in enumerate(order)}
+    ops: list[OpDiff] = []
+    for name in sorted(matched, key=pos.__getitem__):
+        en = matched[name]
+        ref = to_numpy(reference[name])
+        eng = to_numpy(engine[en])
+        od = OpDiff(op=name, engine_name=en, index=pos[name], layer=layer_of(name), status="ok",
+                    shape=tuple(ref.shape), engine_shape=tuple(eng.shape))
+        try:
+            eng, od.layout = reconcile(eng, ref.shape)
+        except LayoutError as e:
+            od.status = e.kind
+            od.reasons = [str(e)]
+            ops.append(od)
+            continue
+        m = error_metrics(ref, eng)
+        od.cosine, od.nmse, od.max_abs, od.max_rel = m["cosine"], m["nmse"], m["max_abs"], m["max_rel"]
+        od.nonfinite_ref, od.nonfinite_engine = m["nonfinite_ref"], m["nonfinite_engine"]
+        od.reasons = diverged(m, tol)
+        od.status = "diverged" if od.reasons else "ok"
+        ops.append(od)
+    unmatched_reference = [n for n in order if n not in matched]
+    suggestions = {}
+    for en in unmatched_engine:
+        close = difflib.get_close_matches(renamed.get(en, en), order, n=1, cutoff=0.75)
+        if close:
+            suggestions[en] = close[0]
+    return DiffReport(ops=ops, order=order, unmatched_engine=unmatched_engine,
+                      unmatched_reference=unmatched_reference, tolerance=tol, renamed=renamed,
+                      suggestions=suggestions,
+                      inputs={k: tuple(v) for k, v in (inputs or {}).items()})
