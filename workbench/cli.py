@@ -16,6 +16,7 @@ import workbench  # noqa: F401  (fast BLAS before mlx.core)
 
 #: command name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
+    "hazards": ("workbench.buffers.cli", "check a recorded dispatch schedule for buffer aliasing hazards"),
     "lab": ("workbench.lab", "open JupyterLab on the workbench notebooks"),
 }
 
