@@ -1,0 +1,59 @@
+"""Check a recorded dispatch schedule (workbench.schedule/1) for buffer hazards.
+
+Exit 0 when clean, 1 when hazards are found, 2 when the schedule is unreadable or
+invalid (one line naming the event index and field).
+"""
+from __future__ import annotations
+
+import json
+import time
+
+from workbench.buffers.analyze import analyze, summarize
+from workbench.buffers.schedule import ScheduleError, load_schedule
+
+
+def add_arguments(p) -> None:
+    p.add_argument("schedule", metavar="SCHEDULE.json", help="a workbench.schedule/1 file written by your engine")
+    p.add_argument("--json", action="store_true", help="print the result as JSON (all hazards)")
+    p.add_argument("--max", type=int, default=50, metavar="N",
+                   help="show at most N hazards in the text report (default 50; --json shows all)")
+    p.add_argument("--kind", action="append", metavar="KIND",
+                   help="only report hazards of this kind (repeatable), e.g. --kind alias-in-dispatch")
+
+
+def run(args) -> int:
+    from workbench.cli import UsageError
+
+    t0 = time.perf_counter()
+    try:
+        sch = load_schedule(args.schedule)
+    except ScheduleError as e:
+        raise UsageError(str(e)) from None
+    hazards = analyze(sch)
+    if args.kind:
+        from workbench.buffers.analyze import KINDS
+        bad = [k for k in args.kind if k not in KINDS]
+        if bad:
+            raise UsageError(f"unknown hazard kind {bad[0]!r} (kinds: {', '.join(KINDS)})")
+        hazards = [h for h in hazards if h.kind in args.kind]
+    dt = time.perf_counter() - t0
+    n_disp = sum(1 for e in sch.events if e.type == "dispatch")
+    if args.json:
+        print(json.dumps({"schedule": args.schedule, "mode": sch.mode, "events": len(sch.events),
+                          "dispatches": n_disp, "buffers": len(sch.buffers), "counts": summarize(hazards),
+                          "hazards": [h.to_dict() for h in hazards]}))
+    else:
+        head = (f"{args.schedule}: {len(sch.events)} events ({n_disp} dispatches), mode {sch.mode}, "
+                f"analysed in {dt:.2f}s")
+        if not hazards:
+            print(f"{head}: no hazards")
+        else:
+            counts = ", ".join(f"{n} {k}" for k, n in summarize(hazards).items())
+            print(f"{head}: {len(hazards)} hazard{'s' if len(hazards) != 1 else ''} ({counts})")
+            for h in hazards[: max(args.max, 0)]:
+                rng = f" {h.buffer}[{h.range[0]}:{h.range[1]}]" if h.range is not None else ""
+                oth = f" (with event {h.other})" if h.other is not None else ""
+                print(f"  event {h.event} {h.kind}{rng}{oth}\n    {h.message}")
+            if len(hazards) > args.max:
+                print(f"  ... {len(hazards) - args.max} more (--max N, or --json for all)")
+    return 1 if hazards else 0
