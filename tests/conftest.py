@@ -1,0 +1,2 @@
+"""Shared test setup: import workbench first (fast BLAS before mlx.core)."""
+import workbench  # noqa: F401

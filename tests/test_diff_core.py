@@ -1,0 +1,288 @@
+"""The diff over plain arrays: readers, rules, layouts, metrics, first divergence."""
+import json
+import struct
+
+import numpy as np
+import pytest
+
+import workbench  # noqa: F401  (fast BLAS before mlx)
+from workbench.diff import (DiffError, DumpError, LayoutError, RulesError, Tolerance, compare_arrays,
+                            compile_rules, error_metrics, load_rules, read_dump, reconcile, write_dump)
+from workbench.diff.naming import apply_rules
+from workbench.diff.readers import bf16_to_f32
+
+rng = np.random.default_rng(0)
+T, H, D, V = 5, 3, 4, 11
+
+
+def _reference():
+    names = ["embed_tokens", "layers.0.input_layernorm", "layers.0.self_attn.q_proj", "layers.0.self_attn.softmax",
+             "layers.0", "layers.1.self_attn.q_proj", "layers.1", "norm", "logits"]
+    shapes = {"layers.0.self_attn.softmax": (1, H, T, T), "logits": (1, T, V)}
+    return {n: rng.normal(size=shapes.get(n, (1, T, H * D))).astype(np.float32) for n in names}
+
+
+# ---------------------------------------------------------------- rules
+
+def test_rules_compose_in_order_and_accept_dollar_groups():
+    rules = compile_rules([[r"^blk\.(\d+)\.", "layers.$1."], [r"attn_q$", "self_attn.q_proj"],
+                           [r"^(?P<x>tok)_embd$", r"\g<x>_embd_renamed"]])
+    assert apply_rules("blk.12.attn_q", rules) == "layers.12.self_attn.q_proj"
+    assert apply_rules("tok_embd", rules) == "tok_embd_renamed"
+    assert apply_rules("unrelated", rules) == "unrelated"
+
+
+@pytest.mark.parametrize("bad, msg", [
+    ("notalist", "list of"), ([["a"]], "rule 0"), ([["(", "x"]], "does not compile"),
+    ([["a", r"\2"]], "group 2"), ([[1, "x"]], "pair of strings")])
+def test_bad_rules_are_named(bad, msg):
+    with pytest.raises(RulesError, match=msg):
+        compile_rules(bad)
+
+
+def test_rules_file(tmp_path):
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps([["^x$", "y"]]))
+    assert apply_rules("x", load_rules(p)) == "y"
+    p.write_text("{not json")
+    with pytest.raises(RulesError, match="not JSON"):
+        load_rules(p)
+    with pytest.raises(RulesError, match="no such file"):
+        load_rules(tmp_path / "missing.json")
+
+
+# ---------------------------------------------------------------- layouts
+
+def test_layout_reconciliation_cases():
+    x = rng.normal(size=(T, H, D)).astype(np.float32)  # tokens, heads, head_dim
+    merged = x.reshape(T, H * D)
+    # batch dim dropped / added
+    got, how = reconcile(merged, (1, T, H * D))
+    assert np.array_equal(got[0], merged) and "size-1" in how
+    # heads split -> merged and merged -> split
+    assert np.array_equal(reconcile(x, (T, H * D))[0], merged)
+    assert np.array_equal(reconcile(merged[None], (1, T, H, D))[0][0], x)
+    # heads first [H, T, D] -> ours [T, H*D]
+    got, how = reconcile(np.ascontiguousarray(x.transpose(1, 0, 2)), (1, T, H * D))
+    assert np.array_equal(got[0], merged) and "transposed" in how
+    # ours heads first [1, H, T, D], engine merged [T, H*D]
+    got, _ = reconcile(merged, (1, H, T, D))
+    assert np.array_equal(got[0], x.transpose(1, 0, 2))
+    # plain transpose
+    assert np.array_equal(reconcile(merged.T.copy(), (T, H * D))[0], merged)
+    # same shape is taken as it is
+    sq = rng.normal(size=(4, 4)).astype(np.float32)
+    assert reconcile(sq, (4, 4))[0] is sq
+
+
+def test_layout_errors():
+    with pytest.raises(LayoutError) as e:
+        reconcile(np.zeros((T, 7), np.float32), (T, H * D))
+    assert e.value.kind == "shape" and "elements" in str(e.value)
+    # same element count, but no split/merge/transpose gets there
+    with pytest.raises(LayoutError) as e:
+        reconcile(np.zeros((6, 10), np.float32), (4, 15))
+    assert e.value.kind == "shape" and "cannot be brought" in str(e.value)
+    # a full reversal of the axes is a transpose
+    x = rng.normal(size=(2, 3, 5)).astype(np.float32)
+    assert np.array_equal(reconcile(x, (5, 3, 2))[0], x.transpose(2, 1, 0))
+
+
+def test_layout_ambiguous_is_reported():
+    # engine [2, 3, 3] to ours [3, 6]: [3, (2, 3)] fits by swapping axes 0 and 1, or by swapping
+    # the merged (2, 3) with the last 3: two different arrays, one transposition each
+    with pytest.raises(LayoutError) as e:
+        reconcile(rng.normal(size=(2, 3, 3)).astype(np.float32), (3, 6))
+    assert e.value.kind == "ambiguous" and "different ways" in str(e.value)
+
+
+# ---------------------------------------------------------------- metrics
+
+def test_metrics_values():
+    r = np.array([1.0, -2.0, 3.0, 0.0], np.float32)
+    m = error_metrics(r, r)
+    assert m["cosine"] == pytest.approx(1.0) and m["nmse"] == 0 and m["max_abs"] == 0
+    e = r + np.array([0, 0, 0.5, 0], np.float32)
+    m = error_metrics(r, e)
+    assert m["max_abs"] == pytest.approx(0.5)
+    assert m["nmse"] == pytest.approx((0.25 / 4) / np.var(r.astype(np.float64)))
+    assert m["max_rel"] == pytest.approx(0.5 / 3.0)
+    m = error_metrics(r, -r)
+    assert m["cosine"] == pytest.approx(-1.0)
+    # non-finite: counted per element, the new ones flagged
+    e = np.array([np.nan, np.inf, -np.inf, 0.0], np.float32)
+    m = error_metrics(r, e)
+    assert m["nonfinite_engine"] == {"nan": 1, "posinf": 1, "neginf": 1}
+    assert m["nonfinite_new"] == 3
+    # a constant reference is normalised by its mean square
+    c = np.full(4, 2.0, np.float32)
+    assert error_metrics(c, c + 0.2)["nmse"] == pytest.approx(0.04 / 4.0)
+
+
+def test_bf16_decoding_is_exact():
+    vals = np.array([1.0, -2.5, 3.140625, 0.0], np.float32)
+    bits = (vals.view(np.uint32) >> 16).astype(np.uint16)
+    assert np.array_equal(bf16_to_f32(bits), vals)
+
+
+# ---------------------------------------------------------------- the diff
+
+ENGINE_RULES = [[r"^tok_embd$", "embed_tokens"], [r"^blk\.(\d+)\.attn_norm$", "layers.$1.input_layernorm"],
+                [r"^blk\.(\d+)\.attn_q$", "layers.$1.self_attn.q_proj"], [r"^blk\.(\d+)\.kq_soft_max$", "layers.$1.self_attn.softmax"],
+                [r"^blk\.(\d+)\.l_out$", "layers.$1"], [r"^result_norm$", "norm"], [r"^result_output$", "logits"]]
+
+
+def _engine(ref):
+    """The reference renamed to llama.cpp-style names, in engine layouts (no batch, heads first)."""
+    inv = {"embed_tokens": "tok_embd", "norm": "result_norm", "logits": "result_output"}
+    out = {}
+    for n, v in ref.items():
+        if n in inv:
+            en = inv[n]
+        else:
+            parts = n.split(".")
+            i = parts[1]
+            tail = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.softmax": "kq_soft_max"}
+            en = f"blk.{i}.l_out" if len(parts) == 2 else f"blk.{i}.{tail['.'.join(parts[2:])]}"
+        x = v[0]
+        if n.endswith("q_proj"):
+            x = x.reshape(T, H, D).transpose(1, 0, 2)  # heads first
+        out[en] = np.ascontiguousarray(x).astype(np.float16)
+    return out
+
+
+def test_untouched_engine_has_no_divergence():
+    ref = _reference()
+    eng = _engine(ref)
+    r = compare_arrays(ref, eng, rules=ENGINE_RULES)
+    assert r.first_divergence is None
+    assert r.compared == len(ref) and r.unmatched_engine == [] and r.unmatched_reference == []
+    d = r.to_dict()
+    assert d["first_divergence"] is None and d["compared"] == len(ref)
+    assert all(o["status"] == "ok" and o["cosine"] > 0.9999 for o in d["ops"])
+    assert [o["op"] for o in d["ops"]] == list(ref)  # our execution order
+
+
+def test_perturbed_op_is_first_divergence_and_later_ones_follow():
+    ref = _reference()
+    eng = _engine(ref)
+    eng["blk.0.attn_q"] = eng["blk.0.attn_q"] * np.float16(1.3) + np.float16(0.2)
+    eng["blk.1.l_out"] = eng["blk.1.l_out"][::-1].copy()  # also wrong, but later
+    eng["blk.0.ffn_gate"] = np.zeros((T, 8), np.float16)  # maps to nothing
+    r = compare_arrays(ref, eng, rules=ENGINE_RULES, inputs={"layers.0.self_attn.q_proj": ("layers.0.input_layernorm",)})
+    fd = r.first_divergence
+    assert fd.op == "layers.0.self_attn.q_proj" and fd.engine_name == "blk.0.attn_q"
+    d = r.to_dict()
+    assert set(d["first_divergence"]) >= {"op", "cosine", "nmse", "max_abs"}
+    assert d["first_divergence"]["inputs"] == [{"op": "layers.0.input_layernorm", "status": "ok"}]
+    assert r["layers.1"].status == "diverged"
+    assert d["unmatched_engine"] == ["blk.0.ffn_gate"]
+    json.dumps(d, allow_nan=False)  # strict JSON
+    assert "first divergence: layers.0.self_attn.q_proj" in r.summary()
+
+
+def test_tolerance_is_overridable():
+    ref = _reference()
+    eng = _engine(ref)
+    eng["blk.0.attn_q"] = eng["blk.0.attn_q"] + np.float16(0.05)
+    assert compare_arrays(ref, eng, rules=ENGINE_RULES).first_divergence is None
+    strict = compare_arrays(ref, eng, rules=ENGINE_RULES, tolerance={"max_abs": 0.01})
+    assert strict.first_divergence.op == "layers.0.self_attn.q_proj"
+    with pytest.raises(ValueError, match="unknown tolerance"):
+        Tolerance.from_any({"cos": 1})
+
+
+def test_unmatched_both_ways_and_suggestions():
+    ref = _reference()
+    eng = {"layers.0.self_attn.q_prj": ref["layers.0.self_attn.q_proj"], "layers.0": ref["layers.0"]}
+    r = compare_arrays(ref, eng)
+    assert r.compared == 1
+    assert r.unmatched_engine == ["layers.0.self_attn.q_prj"]
+    assert r.suggestions["layers.0.self_attn.q_prj"] == "layers.0.self_attn.q_proj"
+    assert "layers.0.self_attn.q_proj" in r.unmatched_reference and "logits" in r.unmatched_reference
+    assert len(r.unmatched_reference) == len(ref) - 1
+
+
+def test_nonfinite_and_shape_divergences():
+    ref = _reference()
+    eng = {k: v.copy() for k, v in ref.items()}
+    eng["layers.0.self_attn.softmax"][0, 0, 0, 0] = np.nan
+    eng["layers.1"] = np.zeros((T, 7), np.float32)
+    r = compare_arrays(ref, eng)
+    assert r.first_divergence.op == "layers.0.self_attn.softmax"
+    assert "non-finite" in r.first_divergence.reasons[0]
+    assert r["layers.1"].status == "shape" and r["layers.1"].is_divergence
+
+
+def test_two_engine_tensors_for_one_op_is_an_error():
+    ref = _reference()
+    with pytest.raises(DiffError, match="both map to op"):
+        compare_arrays(ref, {"a": ref["norm"], "b": ref["norm"]}, rules=[["^[ab]$", "norm"]])
+
+
+# ---------------------------------------------------------------- readers
+
+def test_readers_roundtrip_all_formats(tmp_path):
+    ref = _reference()
+    eng = _engine(ref)
+    # safetensors, with bf16 written by hand
+    from safetensors.numpy import save_file
+    save_file({k: v for k, v in eng.items()}, str(tmp_path / "e.safetensors"))
+    np.savez(tmp_path / "e.npz", **eng)
+    (tmp_path / "npy" / "blk.0").mkdir(parents=True)
+    for k, v in eng.items():
+        np.save(tmp_path / "npy" / f"{k}.npy", v)
+    np.save(tmp_path / "npy" / "blk.0" / "nested.npy", np.ones(3, np.float32))
+    for p in ("e.safetensors", "e.npz", "npy"):
+        got, _ = read_dump(tmp_path / p)
+        for k, v in eng.items():
+            assert got[k].dtype == np.float32 and np.array_equal(got[k], v.astype(np.float32)), (p, k)
+    got, _ = read_dump(tmp_path / "npy")
+    assert "blk.0/nested" in got
+
+
+def test_bf16_safetensors(tmp_path):
+    vals = np.array([[1.0, -2.5], [3.140625, 0.0]], np.float32)
+    bits = (vals.view(np.uint32) >> 16).astype(np.uint16)
+    header = json.dumps({"x": {"dtype": "BF16", "shape": [2, 2], "data_offsets": [0, 8]}}).encode()
+    (tmp_path / "b.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bits.tobytes())
+    got, _ = read_dump(tmp_path / "b.safetensors")
+    assert np.array_equal(got["x"], vals)
+
+
+def test_write_dump_metadata(tmp_path):
+    ref = _reference()
+    write_dump(tmp_path / "r.safetensors", ref, list(ref), {"workbench.ids": "[1, 2]"})
+    got, meta = read_dump(tmp_path / "r.safetensors")
+    assert json.loads(meta["workbench.op_order"]) == list(ref)
+    assert meta["workbench.ids"] == "[1, 2]" and set(got) == set(ref)
+
+
+def test_unusable_dumps_are_named(tmp_path):
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x05")
+    with pytest.raises(DumpError, match="too short"):
+        read_dump(bad)
+    bad.write_bytes(struct.pack("<Q", 10_000) + b"{}")
+    with pytest.raises(DumpError, match="runs past the end"):
+        read_dump(bad)
+    header = json.dumps({"x": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+    bad.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 8)
+    with pytest.raises(DumpError, match=r"'x'.*runs past the end"):
+        read_dump(bad)
+    np.savez(tmp_path / "obj.npz", x=np.array([{"a": 1}], dtype=object))
+    with pytest.raises(DumpError, match="pickle"):
+        read_dump(tmp_path / "obj.npz")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DumpError, match="no .npy"):
+        read_dump(tmp_path / "empty")
+    with pytest.raises(DumpError, match="no such file"):
+        read_dump(tmp_path / "nope.npz")
+    np.save(tmp_path / "one.npy", np.ones(3))
+    with pytest.raises(DumpError, match="no tensor names"):
+        read_dump(tmp_path / "one.npy")
+    # the user's files are never modified
+    before = (tmp_path / "obj.npz").read_bytes()
+    with pytest.raises(DumpError):
+        read_dump(tmp_path / "obj.npz")
+    assert (tmp_path / "obj.npz").read_bytes() == before
