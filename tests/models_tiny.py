@@ -1,0 +1,92 @@
+"""Tiny random checkpoints written with mlx-lm itself, and mlx-lm's forward as reference.
+
+Used by tests/test_models*.py.  Every tiny model is built from mlx-lm's own classes
+(random init, 1-D parameters perturbed so norms and scalars are not all ones), saved
+as config.json + model.safetensors, and read back by both mlx-lm and the workbench.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import workbench  # noqa: F401  (fast BLAS before mlx.core)
+import mlx.core as mx
+from mlx.utils import tree_flatten, tree_map_with_path
+
+BASE = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, vocab_size=256)
+
+CONFIGS = {
+    "llama": dict(BASE, model_type="llama", rope_theta=10000.0, tie_word_embeddings=False,
+                  rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+                  max_position_embeddings=512),
+    "llama_tied": dict(BASE, model_type="llama", rope_theta=10000.0, tie_word_embeddings=True),
+    "qwen3": dict(BASE, model_type="qwen3", rope_theta=1000000.0, max_position_embeddings=512,
+                  tie_word_embeddings=True),
+    "gemma3_text": dict(BASE, model_type="gemma3_text", num_hidden_layers=4, rope_theta=1000000.0,
+                        rope_local_base_freq=10000.0, query_pre_attn_scalar=24, sliding_window=5,
+                        sliding_window_pattern=2, rope_scaling={"rope_type": "linear", "factor": 8.0},
+                        max_position_embeddings=512),
+    # dense with PLE, KV sharing, double-wide MLP, sliding/full, global_head_dim, proportional RoPE
+    "gemma4_text": dict(BASE, model_type="gemma4_text", num_hidden_layers=6, head_dim=16, global_head_dim=32,
+                        num_key_value_heads=2, num_kv_shared_layers=3, hidden_size_per_layer_input=16,
+                        vocab_size_per_layer_input=256, sliding_window=5, sliding_window_pattern=3,
+                        use_double_wide_mlp=True, final_logit_softcapping=30.0, max_position_embeddings=512,
+                        rope_parameters={"full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0,
+                                                            "rope_type": "proportional"},
+                                         "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}}),
+    # attention_k_eq_v with its own global KV head count, no PLE, no sharing
+    "gemma4_keqv": dict(BASE, model_type="gemma4_text", num_hidden_layers=4, head_dim=16, global_head_dim=32,
+                        num_key_value_heads=2, num_global_key_value_heads=1, attention_k_eq_v=True,
+                        num_kv_shared_layers=0, hidden_size_per_layer_input=0, sliding_window=5,
+                        sliding_window_pattern=2, max_position_embeddings=512),
+    # MoE block: router + experts in parallel with the dense MLP
+    "gemma4_moe": dict(BASE, model_type="gemma4_text", num_hidden_layers=3, head_dim=16, global_head_dim=32,
+                       num_kv_shared_layers=0, hidden_size_per_layer_input=0, sliding_window=5,
+                       sliding_window_pattern=3, enable_moe_block=True, num_experts=4, top_k_experts=2,
+                       moe_intermediate_size=64, max_position_embeddings=512),
+}
+
+
+def multimodal(text: dict) -> dict:
+    """A gemma4 multimodal config wrapping ``text`` (mlx-lm layout: language_model.model.*)."""
+    t = dict(text)
+    t.pop("model_type")
+    return {"model_type": "gemma4", "text_config": dict(t, model_type="gemma4_text"),
+            "vocab_size": t["vocab_size"]}
+
+
+def build(dest, config: dict, quant: dict | None = None, seed: int = 0) -> Path:
+    """Write a random tiny checkpoint of ``config`` with mlx-lm's classes; return its path."""
+    from mlx_lm.utils import _get_classes, quantize_model
+
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    config = copy.deepcopy(config)
+    mx.random.seed(seed)
+    cls, args_cls = _get_classes(config)
+    model = cls(args_cls.from_dict(config))
+    # perturb vectors (norm weights, scalars, router scales) so nothing is trivially one
+    model.update(tree_map_with_path(
+        lambda p, v: v + 0.2 * mx.random.normal(v.shape, dtype=v.dtype) if v.ndim == 1 else v,
+        model.parameters()))
+    if quant:
+        model, config = quantize_model(model, config, quant.get("group_size"), quant.get("bits"),
+                                       mode=quant.get("mode", "affine"))
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(dest / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (dest / "config.json").write_text(json.dumps(config, indent=1))
+    return dest
+
+
+def reference(path):
+    """mlx-lm's model for the checkpoint at ``path``."""
+    from mlx_lm.utils import load_model
+    model, _ = load_model(Path(path))
+    return model
+
+
+def ref_logits(path, ids: mx.array) -> mx.array:
+    return reference(path)(ids)

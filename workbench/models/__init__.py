@@ -1,0 +1,55 @@
+"""Model programs: one file per family, and :func:`load`.
+
+``workbench.load(path, dtype=None)`` opens a checkpoint with the reader
+(:mod:`workbench.checkpoint`), picks the family from ``model_type`` and builds the op
+program over the checkpoint's tensors.  See docs/ops.md for every op name.
+"""
+from __future__ import annotations
+
+import os
+
+from workbench.models import gemma3_text, gemma4_text, llama, qwen3
+from workbench.models.base import Builder, KVCache, Model, parse_dtype
+
+FAMILIES = {m.FAMILY: m for m in (llama, qwen3, gemma3_text, gemma4_text)}
+_BY_MODEL_TYPE = {t: m for m in FAMILIES.values() for t in m.MODEL_TYPES}
+
+
+def family_of(model_type: str):
+    try:
+        return _BY_MODEL_TYPE[model_type]
+    except KeyError:
+        raise ValueError(f"unsupported model_type {model_type!r} (supported: {', '.join(sorted(_BY_MODEL_TYPE))})") from None
+
+
+def load(path, dtype=None) -> Model:
+    """Open a checkpoint directory (or an already opened reader) as a runnable model.
+
+    dtype: None keeps the storage dtype as compute dtype; "float32" | "bfloat16" |
+    "float16" computes in that dtype whatever the storage dtype.
+    """
+    if isinstance(path, (str, os.PathLike)):
+        from workbench.checkpoint import open_checkpoint
+        ck = open_checkpoint(path)
+    else:
+        ck = path
+    mod = family_of(ck.model_type)
+    text_config = dict(ck.text_config)
+    cfg = mod.Config.from_dict(text_config)
+    names = list(ck.lm_names())
+    b = Builder(ck, names)
+    program = mod.build(cfg, b)
+    tok = None
+    tok_path = getattr(ck, "tokenizer_path", None)
+    if tok_path and os.path.exists(tok_path):
+        from tokenizers import Tokenizer
+        tok = Tokenizer.from_file(str(tok_path))
+    model = Model(mod.FAMILY, cfg, text_config, ck, program, names, tokenizer=tok,
+                  windows=mod.windows(cfg), path=str(path) if isinstance(path, (str, os.PathLike)) else None)
+    dt = parse_dtype(dtype)
+    if dt is not None:
+        model.default_dtype = dt
+    return model
+
+
+__all__ = ["load", "Model", "KVCache", "FAMILIES", "family_of"]

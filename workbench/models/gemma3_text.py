@@ -1,0 +1,126 @@
+"""Gemma 3 (text): sandwich norms with (1 + w) weights, local/global attention.
+
+* embeddings scaled by sqrt(hidden_size) (rounded to bfloat16, as in the reference);
+* every RMSNorm multiplies by ``1 + weight``;
+* q_norm / k_norm per head; scores scaled by ``query_pre_attn_scalar ** -0.5``;
+* sliding layers: RoPE base ``rope_local_base_freq`` and a ``sliding_window`` mask;
+  global layers (every ``sliding_window_pattern``-th): base ``rope_theta`` with
+  ``rope_scaling`` (linear for the 4B+ models) and the full causal mask;
+* GeGLU MLP (tanh-approximated GELU);
+* in float16 the residual adds are computed in float32 and clipped to ±65504, as the
+  reference (mlx-lm) does.
+
+Per layer ``i``::
+
+    h = input_layernorm(x)
+    q = q_rope(q_norm(q_heads(q_proj(h)))); k = k_rope(k_norm(k_heads(k_proj(h)))); v = v_heads(v_proj(h))
+    x = attn_residual = x + post_attention_layernorm(o_proj(context(softmax(scores(q, k)), v)))
+    layers.{i} = x + post_feedforward_layernorm(down_proj(gelu(gate_proj(h2)) * up_proj(h2))),
+                 h2 = pre_feedforward_layernorm(x)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Optional
+
+import mlx.core as mx
+
+from workbench.models.base import BaseConfig, Builder, geglu, rope_params
+
+FAMILY = "gemma3_text"
+MODEL_TYPES = ("gemma3_text", "gemma3")
+
+
+@dataclass
+class Config(BaseConfig):
+    hidden_size: int = 1152
+    num_hidden_layers: int = 26
+    intermediate_size: int = 6912
+    num_attention_heads: int = 4
+    head_dim: int = 256
+    rms_norm_eps: float = 1e-6
+    vocab_size: int = 262144
+    num_key_value_heads: int = 1
+    rope_theta: float = 1_000_000.0
+    rope_local_base_freq: float = 10_000.0
+    query_pre_attn_scalar: float = 256
+    sliding_window: int = 512
+    sliding_window_pattern: int = 6
+    max_position_embeddings: int = 32768
+    rope_scaling: Optional[dict] = None
+    layer_types: Optional[list] = None
+
+    def __post_init__(self):
+        if self.layer_types is None:
+            p = self.sliding_window_pattern
+            self.layer_types = ["full_attention" if (i + 1) % p == 0 else "sliding_attention"
+                                for i in range(self.num_hidden_layers)]
+
+
+def windows(cfg: Config) -> dict:
+    return {"attn_mask": None, "attn_mask_sliding": cfg.sliding_window}
+
+
+@partial(mx.compile, shapeless=True)
+def clip_residual(x, y):
+    if x.dtype != mx.float16:
+        return x + y
+    bound = mx.finfo(mx.float16).max
+    return mx.clip(x.astype(mx.float32) + y.astype(mx.float32), -bound, bound).astype(mx.float16)
+
+
+def residual(b: Builder, name: str, x: str, y: str) -> str:
+    return b.op(name, "add", lambda ctx, x, y: clip_residual(x, y), [x, y], clip_float16=True)
+
+
+def attention(b: Builder, cfg: Config, i: int, h: str, rope: dict) -> str:
+    a = f"layers.{i}.self_attn"
+    H, Hkv, D, eps = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps
+    sliding = cfg.layer_types[i] == "sliding_attention"
+    rp = rope["sliding" if sliding else "full"]
+    q = b.heads(f"{a}.q_heads", b.linear(f"{a}.q_proj", h), H, D)
+    k = b.heads(f"{a}.k_heads", b.linear(f"{a}.k_proj", h), Hkv, D)
+    v = b.heads(f"{a}.v_heads", b.linear(f"{a}.v_proj", h), Hkv, D)
+    q = b.rope(f"{a}.q_rope", b.rmsnorm(f"{a}.q_norm", q, eps, plus_one=True), rp)
+    k = b.rope(f"{a}.k_rope", b.rmsnorm(f"{a}.k_norm", k, eps, plus_one=True), rp)
+    k = b.kv_cache(f"{a}.k_cache", k, "k", i)
+    v = b.kv_cache(f"{a}.v_cache", v, "v", i)
+    mask = "attn_mask_sliding" if sliding else "attn_mask"
+    s = b.scores(f"{a}.scores", q, k, mask, cfg.query_pre_attn_scalar ** -0.5, H, Hkv,
+                 window=cfg.sliding_window if sliding else None)
+    o = b.attend(f"{a}.context", b.softmax(f"{a}.softmax", s), v, H, Hkv, D)
+    return b.linear(f"{a}.o_proj", o)
+
+
+def mlp(b: Builder, i: int, h: str) -> str:
+    m = f"layers.{i}.mlp"
+    g = b.linear(f"{m}.gate_proj", h)
+    u = b.linear(f"{m}.up_proj", h)
+    a = b.op(f"{m}.act", "glu", lambda ctx, g, u: geglu(g, u), [g, u], activation="gelu_approx")
+    return b.linear(f"{m}.down_proj", a)
+
+
+def build(cfg: Config, b: Builder):
+    eps = cfg.rms_norm_eps
+    rope = {
+        "sliding": rope_params(cfg.head_dim, cfg.rope_local_base_freq, None),
+        "full": rope_params(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings),
+    }
+    embed_scale = mx.array(cfg.hidden_size ** 0.5, mx.bfloat16)
+    x = b.embedding("embed_tokens", "input_ids")
+    x = b.op("embed_scale", "scale", lambda ctx, x: x * embed_scale.astype(x.dtype), [x],
+             factor=float(embed_scale.item()))
+    for i in range(cfg.num_hidden_layers):
+        L = f"layers.{i}"
+        h = b.rmsnorm(f"{L}.input_layernorm", x, eps, plus_one=True)
+        r = b.rmsnorm(f"{L}.post_attention_layernorm", attention(b, cfg, i, h, rope), eps, plus_one=True)
+        x = residual(b, f"{L}.attn_residual", x, r)
+        h = b.rmsnorm(f"{L}.pre_feedforward_layernorm", x, eps, plus_one=True)
+        r = b.rmsnorm(f"{L}.post_feedforward_layernorm", mlp(b, i, h), eps, plus_one=True)
+        x = residual(b, L, x, r)
+    x = b.rmsnorm("norm", x, eps, plus_one=True)
+    tied = not b.has("lm_head.weight")
+    x = b.linear("lm_head", x, path="embed_tokens" if tied else "lm_head", tied=tied)
+    b.identity("logits", x)
+    return b.program(["input_ids", "rope_offset", "attn_mask", "attn_mask_sliding"])

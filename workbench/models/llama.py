@@ -1,0 +1,99 @@
+"""Llama (and Llama-shaped checkpoints): pre-norm decoder, RoPE, GQA, SwiGLU MLP.
+
+Per layer ``i`` (x = ``layers.{i-1}``, or ``embed_tokens`` for the first layer)::
+
+    h  = input_layernorm(x)
+    q, k, v = q_proj(h), k_proj(h), v_proj(h)        # [B, T, H*D]
+    q, k, v = q_heads(q), k_heads(k), v_heads(v)     # [B, H, T, D]
+    q, k = q_rope(q), k_rope(k)                      # rotated at their positions
+    k, v = k_cache(k), v_cache(v)                    # + cached positions
+    p = softmax(scores(q, k))                        # [B, H, T, S]
+    x = attn_residual = x + o_proj(context(p, v))
+    h = post_attention_layernorm(x)
+    layers.{i} = x + down_proj(act(gate_proj(h), up_proj(h)))     # act = silu(g) * u
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from workbench.models.base import BaseConfig, Builder, rope_params, swiglu
+
+FAMILY = "llama"
+MODEL_TYPES = ("llama", "mistral")
+
+
+@dataclass
+class Config(BaseConfig):
+    hidden_size: int = 4096
+    num_hidden_layers: int = 32
+    intermediate_size: int = 11008
+    num_attention_heads: int = 32
+    rms_norm_eps: float = 1e-5
+    vocab_size: int = 32000
+    head_dim: Optional[int] = None
+    num_key_value_heads: Optional[int] = None
+    rope_theta: float = 10000.0
+    rope_traditional: bool = False
+    rope_scaling: Optional[dict] = None
+    max_position_embeddings: Optional[int] = None
+    tie_word_embeddings: bool = True
+    layer_types: Optional[list] = None
+    sliding_window: Optional[int] = None
+
+    def __post_init__(self):
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.layer_types is None:
+            self.layer_types = ["full_attention"] * self.num_hidden_layers
+
+
+def windows(cfg: Config) -> dict:
+    w = {"attn_mask": None}
+    if "sliding_attention" in cfg.layer_types:
+        w["attn_mask_sliding"] = cfg.sliding_window
+    return w
+
+
+def attention(b: Builder, cfg: Config, i: int, h: str, rp: dict) -> str:
+    a = f"layers.{i}.self_attn"
+    H, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    q = b.linear(f"{a}.q_proj", h)
+    k = b.linear(f"{a}.k_proj", h)
+    v = b.linear(f"{a}.v_proj", h)
+    q = b.rope(f"{a}.q_rope", b.heads(f"{a}.q_heads", q, H, D), rp)
+    k = b.rope(f"{a}.k_rope", b.heads(f"{a}.k_heads", k, Hkv, D), rp)
+    v = b.heads(f"{a}.v_heads", v, Hkv, D)
+    k = b.kv_cache(f"{a}.k_cache", k, "k", i)
+    v = b.kv_cache(f"{a}.v_cache", v, "v", i)
+    mask = "attn_mask_sliding" if cfg.layer_types[i] == "sliding_attention" else "attn_mask"
+    s = b.scores(f"{a}.scores", q, k, mask, D ** -0.5, H, Hkv)
+    p = b.softmax(f"{a}.softmax", s)
+    o = b.attend(f"{a}.context", p, v, H, Hkv, D)
+    return b.linear(f"{a}.o_proj", o)
+
+
+def mlp(b: Builder, i: int, h: str) -> str:
+    m = f"layers.{i}.mlp"
+    g = b.linear(f"{m}.gate_proj", h)
+    u = b.linear(f"{m}.up_proj", h)
+    a = b.op(f"{m}.act", "glu", lambda ctx, g, u: swiglu(g, u), [g, u], activation="silu")
+    return b.linear(f"{m}.down_proj", a)
+
+
+def build(cfg: Config, b: Builder):
+    rp = rope_params(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings,
+                     cfg.rope_traditional)
+    x = b.embedding("embed_tokens", "input_ids")
+    for i in range(cfg.num_hidden_layers):
+        h = b.rmsnorm(f"layers.{i}.input_layernorm", x, cfg.rms_norm_eps)
+        x = b.add(f"layers.{i}.attn_residual", x, attention(b, cfg, i, h, rp))
+        h = b.rmsnorm(f"layers.{i}.post_attention_layernorm", x, cfg.rms_norm_eps)
+        x = b.add(f"layers.{i}", x, mlp(b, i, h))
+    x = b.rmsnorm("norm", x, cfg.rms_norm_eps)
+    tied = not b.has("lm_head.weight")
+    x = b.linear("lm_head", x, path="embed_tokens" if tied else "lm_head", tied=tied)
+    b.identity("logits", x)
+    return b.program(["input_ids", "rope_offset", *windows(cfg)])
