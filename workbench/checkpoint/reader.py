@@ -1,0 +1,397 @@
+"""The checkpoint reader: header-only open, canonical names, lazy tensor access.
+
+>>> ck = open_checkpoint("path/to/model")          # doctest: +SKIP
+>>> ck.lm_names()[:2], ck.info("norm.weight"), ck.load("norm.weight")
+
+Opening reads config.json, the index and every shard's header, nothing else.
+``load`` returns a lazy ``mx.array`` (MLX reads the bytes from the file when the
+array is evaluated).  Problems met while opening (bad headers, missing shards, index
+disagreements, ...) are collected in ``ck.problems``; only a path that cannot be read
+as a checkpoint at all raises :class:`CheckpointError`.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from workbench.checkpoint import names as N
+from workbench.checkpoint.arch import FAMILIES, Arch, ConfigError, build_arch, family_of, text_config
+from workbench.checkpoint.quant import QuantConfig, QuantSpec, infer
+from workbench.checkpoint.sfile import SafetensorsFile
+
+INDEX_NAME = "model.safetensors.index.json"
+
+
+class CheckpointError(Exception):
+    """The path cannot be used as a checkpoint (or a tensor cannot be read); the message
+    names the file, tensor and byte offset where known."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str            # canonical name (LM) or the checkpoint name (other components)
+    dtype: str
+    shape: tuple
+    file: str            # file name relative to the checkpoint directory
+    offset: int          # absolute byte offset of the (source) tensor data in the file
+    nbytes: int
+    source_name: str     # name as stored in the checkpoint
+    part: str | None = None      # "gate" / "up": a half of a fused HF experts.gate_up_proj
+    component: str = "language_model"
+
+
+@dataclass
+class Problem:
+    code: str
+    severity: str
+    message: str
+    tensor: str | None = None
+    file: str | None = None
+    layer: int | None = None
+    suggestion: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"code": self.code, "severity": self.severity, "message": self.message, "tensor": self.tensor,
+                "file": self.file, "layer": self.layer, "suggestion": self.suggestion}
+
+
+def _inside(root: Path, rel: str) -> bool:
+    """Lexical containment (symlinks inside the directory are allowed, as in the HF cache)."""
+    if not isinstance(rel, str) or not rel or "\x00" in rel or "\\" in rel or os.path.isabs(rel):
+        return False
+    norm = os.path.normpath(rel)
+    return not (norm == ".." or norm.startswith("../") or norm.startswith("/") or norm == ".")
+
+
+class Checkpoint:
+    """An opened checkpoint. See module docstring."""
+
+    def __init__(self, path, *, _files=None):
+        p = Path(path)
+        self.path = p
+        self.problems: list[Problem] = []
+        self.index: dict | None = None
+        self.files: list[str] = []
+        self.sfiles: dict[str, SafetensorsFile] = {}
+        self._mx_cache: dict[str, dict] = {}
+        if not os.path.lexists(p):
+            raise CheckpointError(f"{p}: no such file or directory")
+        if p.is_file():
+            if not p.name.endswith(".safetensors"):
+                raise CheckpointError(f"{p}: not a directory or a .safetensors file")
+            self.root = p.parent
+            single = p.name
+        elif p.is_dir():
+            self.root = p
+            single = None
+        else:
+            raise CheckpointError(f"{p}: not a directory or a .safetensors file")
+        self.config = self._read_config()
+        if single:
+            self.files = [single]
+        else:
+            self.files = self._discover()
+        for f in self.files:
+            sf = SafetensorsFile.parse(str(self.root / f))
+            self.sfiles[f] = sf
+            for q in sf.problems:
+                self.problems.append(Problem(q["code"], q["severity"], q["message"], q["tensor"], f,
+                                             N.layer_of(q["tensor"]) if q["tensor"] else None))
+        self._build_tables()
+        self._check_index()
+        self.quant_config = QuantConfig(self.config)
+        self._arch = None
+        self._arch_error = None
+
+    # ---------------------------------------------------------------- opening
+    def _read_config(self) -> dict:
+        cp = self.root / "config.json"
+        if not cp.exists():
+            self.problems.append(Problem("bad-config", "warning" if self.path.is_file() else "error",
+                                         f"no config.json in {self.root.name or self.root}: completeness "
+                                         "cannot be checked", file="config.json"))
+            return {}
+        try:
+            raw = cp.read_bytes()
+            if len(raw) > 50_000_000:
+                raise ValueError("config.json is larger than 50 MB")
+            cfg = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:
+            msg = f"config.json is not valid JSON: {e.msg} at byte {e.pos}" if isinstance(e, json.JSONDecodeError) \
+                else f"config.json cannot be parsed: {e}"
+            self.problems.append(Problem("bad-config", "error", msg, file="config.json"))
+            return {}
+        except OSError as e:
+            self.problems.append(Problem("bad-config", "error", f"config.json cannot be read: {e.strerror}",
+                                         file="config.json"))
+            return {}
+        if not isinstance(cfg, dict):
+            self.problems.append(Problem("bad-config", "error", "config.json is not a JSON object",
+                                         file="config.json"))
+            return {}
+        return cfg
+
+    def _discover(self) -> list[str]:
+        on_disk = sorted(e.name for e in os.scandir(self.root) if e.name.endswith(".safetensors")
+                         and (e.is_file() or e.is_symlink()))
+        model_files = [f for f in on_disk if f.startswith("model")] or on_disk
+        ip = self.root / INDEX_NAME
+        if not ip.exists():
+            if not model_files:
+                raise CheckpointError(f"{self.root}: no .safetensors files and no {INDEX_NAME}")
+            return model_files
+        try:
+            raw = ip.read_bytes()
+            if len(raw) > 200_000_000:
+                raise ValueError("index is larger than 200 MB")
+            idx = json.loads(raw.decode("utf-8"))
+            if not isinstance(idx, dict) or not isinstance(idx.get("weight_map"), dict):
+                raise ValueError("no weight_map object")
+        except (UnicodeDecodeError, ValueError, RecursionError, OSError) as e:
+            msg = f"{e.msg} at byte {e.pos}" if isinstance(e, json.JSONDecodeError) else str(e)
+            self.problems.append(Problem("index-mismatch", "error", f"{INDEX_NAME} cannot be used ({msg}); "
+                                         "reading the shard files found on disk instead", file=INDEX_NAME))
+            if not model_files:
+                raise CheckpointError(f"{self.root}: {INDEX_NAME} is unusable and no .safetensors files exist")
+            return model_files
+        wm = {}
+        escaped = {}
+        for name, f in idx["weight_map"].items():
+            if not _inside(self.root, f):
+                escaped.setdefault(str(f), []).append(name)
+                continue
+            wm[name] = os.path.normpath(f)
+        for f, ns in escaped.items():
+            self.problems.append(Problem("path-escape", "error",
+                                         f"{INDEX_NAME} maps {len(ns)} tensor(s) (first {ns[0]!r}) to {f!r}, "
+                                         "outside the checkpoint directory: refused, not opened",
+                                         tensor=ns[0], file=INDEX_NAME, layer=N.layer_of(ns[0])))
+        self.index = {"weight_map": wm, "escaped": escaped, "metadata": idx.get("metadata")}
+        files = []
+        self._missing_shards = {}
+        for f in dict.fromkeys(wm.values()):
+            if os.path.isfile(self.root / f):
+                files.append(f)
+            else:
+                ns = [n for n, g in wm.items() if g == f]
+                self._missing_shards[f] = ns
+                self.problems.append(Problem("missing-shard", "error",
+                                             f"shard {f} named in {INDEX_NAME} for {len(ns)} tensor(s) "
+                                             f"(first {ns[0]!r}) does not exist", tensor=ns[0], file=f))
+        for f in model_files:
+            if f not in files and f not in self._missing_shards:
+                self.problems.append(Problem("index-mismatch", "warning",
+                                             f"{f} is in the directory but not named in {INDEX_NAME}; "
+                                             "its tensors are read too (mlx-lm loads every model*.safetensors)",
+                                             file=f))
+                files.append(f)
+        if not files and not self._missing_shards:
+            raise CheckpointError(f"{self.root}: {INDEX_NAME} names no shard files")
+        return files
+
+    def _build_tables(self):
+        self.tensors: dict[str, TensorInfo] = {}   # source name -> info
+        self.where: dict[str, list[str]] = {}       # source name -> files holding it
+        for f in self.files:
+            sf = self.sfiles[f]
+            for t in sf.tensors.values():
+                self.where.setdefault(t.name, []).append(f)
+                if t.name in self.tensors:
+                    continue
+                comp = N.split_name(t.name)[0]
+                self.tensors[t.name] = TensorInfo(t.name, t.dtype, t.shape, f, sf.abs_offset(t), t.end - t.begin,
+                                                  t.name, None, comp)
+        for n, fs in self.where.items():
+            if len(fs) > 1:
+                self.problems.append(Problem("duplicate-tensor", "error",
+                                             f"tensor {n!r} is stored in {len(fs)} files: {', '.join(fs)}",
+                                             tensor=n, file=fs[1], layer=N.layer_of(n)))
+        self.components: dict[str, int] = {}
+        self._canon: dict[str, TensorInfo] = {}
+        self._canon_src: dict[str, list[str]] = {}
+        layouts = set()
+        for n, ti in self.tensors.items():
+            self.components[ti.component] = self.components.get(ti.component, 0) + 1
+            comp, bare, layout = N.split_name(n)
+            if comp != "language_model":
+                continue
+            if layout != "any":
+                layouts.add(layout)
+            if n.endswith((".experts.gate_up_proj", ".experts.down_proj")):
+                layouts.add("hf")
+            for cn, part in N.canonical(n):
+                self._canon_src.setdefault(cn, []).append(n)
+                if cn in self._canon:
+                    continue
+                shape, nbytes = ti.shape, ti.nbytes
+                if part and len(shape) >= 2:
+                    shape = tuple(shape[:-2]) + (shape[-2] // 2, shape[-1])
+                    nbytes = ti.nbytes // 2
+                self._canon[cn] = TensorInfo(cn, ti.dtype, shape, ti.file, ti.offset, nbytes, n, part, comp)
+        for cn, srcs in self._canon_src.items():
+            if len(srcs) > 1:
+                self.problems.append(Problem("duplicate-tensor", "error",
+                                             f"{cn} is provided by {len(srcs)} checkpoint tensors under different "
+                                             f"name layouts: {', '.join(srcs)}", tensor=srcs[1],
+                                             file=self.tensors[srcs[1]].file, layer=N.layer_of(cn)))
+        self.layout = "hf" if layouts == {"hf"} else ("mixed" if len(layouts) > 1 else "mlx")
+        tp = self.root / "tokenizer.json"
+        self.tokenizer_path = tp if tp.is_file() else None
+
+    def _check_index(self):
+        if self.index is None:
+            return
+        wm = self.index["weight_map"]
+        missing_shards = getattr(self, "_missing_shards", {})
+        for name, f in wm.items():
+            if f in missing_shards:
+                continue
+            sf = self.sfiles.get(f)
+            if sf is None or not sf.readable:
+                continue
+            if name not in sf.tensors:
+                held = self.where.get(name)
+                where = f"it is in {', '.join(held)}" if held else "no shard holds it"
+                self.problems.append(Problem("index-mismatch", "error",
+                                             f"{INDEX_NAME} maps {name!r} to {f}, but {f}'s header has no such "
+                                             f"tensor ({where})", tensor=name, file=f, layer=N.layer_of(name)))
+        for name, fs in self.where.items():
+            if name not in wm and not any(name in v for v in self.index["escaped"].values()):
+                self.problems.append(Problem("index-mismatch", "error",
+                                             f"{fs[0]} holds {name!r}, which {INDEX_NAME} does not list",
+                                             tensor=name, file=fs[0], layer=N.layer_of(name)))
+
+    # ------------------------------------------------------------- properties
+    @property
+    def text_config(self) -> dict:
+        return text_config(self.config)
+
+    @property
+    def config_model_type(self) -> str | None:
+        return self.config.get("model_type")
+
+    @property
+    def model_type(self) -> str:
+        """Text model family: gemma4_text | gemma3_text | qwen3 | llama (| gemma3n)."""
+        fam = family_of(self.config)
+        if fam:
+            return fam
+        mt = self.config.get("model_type")
+        return str(mt) if mt else "unknown"
+
+    @property
+    def arch(self) -> Arch | None:
+        """Expected tensors from config.json, or None (see ``arch_error``)."""
+        if self._arch is None and self._arch_error is None:
+            try:
+                self._arch = build_arch(self.config) if self.config else None
+                if self._arch is None:
+                    self._arch_error = "no usable config.json"
+            except ConfigError as e:
+                self._arch_error = str(e)
+        return self._arch
+
+    @property
+    def arch_error(self) -> str | None:
+        self.arch
+        return self._arch_error
+
+    @property
+    def num_layers(self) -> int:
+        a = self.arch
+        if a:
+            return a.num_layers
+        n = self.text_config.get("num_hidden_layers")
+        if isinstance(n, int) and not isinstance(n, bool):
+            return n
+        ls = [N.layer_of(c) for c in self._canon]
+        ls = [x for x in ls if x is not None]
+        return max(ls) + 1 if ls else 0
+
+    # ---------------------------------------------------------------- access
+    def lm_names(self) -> list[str]:
+        """Sorted canonical language-model tensor names (prefix-stripped, MLX style)."""
+        return sorted(n for n in self._canon if not N.is_ignored(n))
+
+    def source_names(self, component: str | None = None) -> list[str]:
+        """Tensor names exactly as stored, optionally only one component's."""
+        return sorted(n for n, t in self.tensors.items() if component is None or t.component == component)
+
+    def info(self, name: str) -> TensorInfo:
+        """TensorInfo by canonical LM name, or by the name as stored."""
+        t = self._canon.get(name) or self.tensors.get(name)
+        if t is None:
+            raise KeyError(f"{self.path}: no tensor {name!r}")
+        return t
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._canon or name in self.tensors
+
+    def load(self, name: str):
+        """The tensor as an ``mx.array``, lazy: MLX reads it from the file when evaluated.
+        Raises CheckpointError (naming file, tensor and byte offset) if it cannot be read."""
+        import mlx.core as mx
+
+        t = self.info(name)
+        sf = self.sfiles[t.file]
+        raw = sf.tensors.get(t.source_name)
+        where = f"{t.file}: tensor {t.source_name!r} at byte {t.offset}"
+        if raw is None or t.source_name in sf.truncated:
+            raise CheckpointError(f"{where}: data lies past the end of the file ({sf.size} bytes)")
+        arr = None
+        if not any(p["severity"] == "error" for p in sf.problems):
+            try:
+                d = self._mx_cache.get(t.file)
+                if d is None:
+                    d = mx.load(sf.path)
+                    self._mx_cache[t.file] = d
+                arr = d[t.source_name]
+            except Exception:  # noqa: BLE001 - fall back to the checked numpy path below
+                arr = None
+        if arr is None:
+            try:
+                a = sf.read_numpy(t.source_name)
+            except (ValueError, OSError) as e:
+                raise CheckpointError(f"{where}: {e}") from None
+            arr = mx.array(a)
+            if raw.dtype == "BF16":
+                arr = arr.view(mx.bfloat16)
+        if t.part:
+            half = arr.shape[-2] // 2
+            arr = arr[..., :half, :] if t.part == "gate" else arr[..., half:, :]
+        return arr
+
+    def quant_of(self, module_path: str) -> QuantSpec | None:
+        """The quantization of a module (``layers.3.self_attn.q_proj``), inferred from its
+        tensors' shapes; None when it is stored unquantized (or cannot be inferred)."""
+        w = self._canon.get(module_path + ".weight")
+        s = self._canon.get(module_path + ".scales")
+        if w is None or s is None:
+            return None
+        in_dim = None
+        a = self.arch
+        if a is not None:
+            e = a.expected.get(module_path + ".weight")
+            if e is not None:
+                in_dim = e.shape[-1]
+        return infer(w.shape, s.shape, s.dtype, in_dim, self.quant_config.expected(module_path))
+
+    def close(self):
+        self._mx_cache.clear()
+
+    def __repr__(self):
+        return (f"<Checkpoint {self.path} {self.model_type} layers={self.num_layers} "
+                f"tensors={len(self.tensors)} files={len(self.files)}>")
+
+
+def open_checkpoint(path) -> Checkpoint:
+    """Open a checkpoint directory (config.json + model.safetensors or shards + index) or a
+    single .safetensors file. Reads headers only."""
+    try:
+        return Checkpoint(path)
+    except CheckpointError:
+        raise
+    except OSError as e:
+        raise CheckpointError(f"{path}: {e.strerror or e}") from None
