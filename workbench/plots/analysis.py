@@ -1,0 +1,190 @@
+"""Small computations behind the plots, kept apart from the figures.
+
+* :func:`residual_norms`: the L2 norm of the residual stream per layer and token;
+* :func:`logit_lens`: each layer's residual stream projected through the model's own
+  tail (the ops after the last layer: final norm, lm_head, soft-capping...), i.e. "what
+  would the model predict if it stopped here".  The tail is re-run from the program, so
+  whatever the family does after its last layer is done exactly as in the forward pass.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+_RESID = re.compile(r"^layers\.(\d+)$")
+
+
+def _np(x: Any) -> np.ndarray:
+    if isinstance(x, np.ndarray):
+        return x.astype(np.float32, copy=False)
+    if type(x).__module__.startswith("mlx"):
+        import mlx.core as mx
+
+        return np.array(x.astype(mx.float32))
+    return np.asarray(x, dtype=np.float32)
+
+
+def _tokens_dim(x: np.ndarray) -> np.ndarray:
+    """[..., T, D] with leading size-1 dims dropped -> [T, D]."""
+    while x.ndim > 2 and x.shape[0] == 1:
+        x = x[0]
+    if x.ndim == 1:
+        x = x[None]
+    if x.ndim != 2:
+        raise ValueError(f"expected a [tokens, hidden] activation, got shape {list(x.shape)}")
+    return x
+
+
+def residual_values(source: Any) -> dict[int, np.ndarray]:
+    """``{layer: [T, D]}`` from a mapping of op values, a Trace, or a list of per-layer arrays."""
+    if isinstance(source, Mapping):
+        items = {int(m.group(1)): v for k, v in source.items() if (m := _RESID.match(k))}
+    elif isinstance(source, (list, tuple)):
+        items = dict(enumerate(source))
+    elif hasattr(source, "ops") and hasattr(source, "value"):  # a Trace
+        items = {}
+        for k in source.ops:
+            m = _RESID.match(k)
+            if m:
+                try:
+                    items[int(m.group(1))] = source.value(k)
+                except (KeyError, LookupError, ValueError):
+                    continue
+    else:
+        raise TypeError(f"expected a mapping of op values, a list of arrays or a Trace, not {type(source).__name__}")
+    if not items:
+        raise ValueError("no residual-stream values (ops named layers.{i}) found")
+    return {k: _tokens_dim(_np(v)) for k, v in sorted(items.items())}
+
+
+@dataclass
+class ResidualNorms:
+    layers: list[int]
+    norms: np.ndarray  # [L, T] L2 norm per layer and token
+    embed: np.ndarray | None = None  # [T] norm of the embedding output (before layer 0), if given
+
+
+def residual_norms(source: Any, embed: Any = None) -> ResidualNorms:
+    vals = residual_values(source)
+    layers = list(vals)
+    norms = np.stack([np.sqrt(np.sum(vals[i].astype(np.float64) ** 2, axis=-1)) for i in layers])
+    if embed is None and isinstance(source, Mapping) and "embed_tokens" in source:
+        embed = source["embed_tokens"]
+    e = None if embed is None else np.sqrt(np.sum(_tokens_dim(_np(embed)).astype(np.float64) ** 2, axis=-1))
+    return ResidualNorms(layers=layers, norms=norms, embed=e)
+
+
+@dataclass
+class LogitLens:
+    """Per layer and position: the top predictions of the residual stream read through the tail."""
+
+    layers: list[int]
+    positions: list[int]
+    top_ids: np.ndarray  # [L, P, k]
+    top_probs: np.ndarray  # [L, P, k]
+    entropy: np.ndarray  # [L, P] in nats
+    final_ids: np.ndarray  # [P] the model's own top-1 prediction (last layer)
+    final_rank: np.ndarray  # [L, P] rank of final_ids under each layer's distribution (0 = top)
+    tokens: list[str] = field(default_factory=list)  # input tokens at `positions`, if decoded
+    decode: Callable[[int], str] | None = field(default=None, repr=False)
+
+    def label(self, tid: int) -> str:
+        if self.decode is None:
+            return str(int(tid))
+        try:
+            return self.decode(int(tid))
+        except Exception:
+            return str(int(tid))
+
+
+def lens_tail(program) -> tuple[str, list]:
+    """(name of the last residual op, the ops after it up to ``logits``) of a program."""
+    names = program.names
+    last = None
+    for i, n in enumerate(names):
+        if _RESID.match(n):
+            last = i
+    if last is None:
+        raise ValueError("the program has no residual-stream ops (layers.{i})")
+    return names[last], list(program.ops[last + 1:])
+
+
+def project(program, ctx: Any, resid, tail=None):
+    """Run the program's tail (final norm, lm_head, ...) on a residual value; returns logits (MLX)."""
+    start, ops = tail if tail is not None else lens_tail(program)
+    env = {start: resid}
+    for op in ops:
+        missing = [s for s in op.inputs if s not in env]
+        if missing:
+            raise ValueError(f"the tail op {op.name!r} reads {missing[0]!r}, which is not on the residual path; "
+                             "the logit lens cannot replay it")
+        env[op.name] = op.fn(ctx, *[env[s] for s in op.inputs])
+    return env[ops[-1].name] if ops else resid
+
+
+def logit_lens(model: Any, source: Any, positions: Sequence[int] | None = None, k: int = 5,
+               ids: Sequence[int] | None = None, decode: Callable[[int], str] | None = None,
+               ctx: Any = None) -> LogitLens:
+    """Project every ``layers.{i}`` value of ``source`` (a Trace or mapping) through the model's tail.
+
+    ``model`` supplies ``program`` (and ``ctx`` unless given); ``positions`` default to the
+    last 8 tokens; ``decode`` maps a token id to text (default: the model's tokenizer,
+    if it has one).
+    """
+    import mlx.core as mx
+
+    program = model.program
+    if ctx is None:
+        ctx = getattr(model, "ctx", None)
+        if ctx is None and hasattr(model, "context"):
+            ctx = model.context()
+    tail = lens_tail(program)
+    if isinstance(source, Mapping):
+        raw = {int(m.group(1)): v for kk, v in source.items() if (m := _RESID.match(kk))}
+    else:
+        raw = {}
+        for kk in source.ops:
+            m = _RESID.match(kk)
+            if m:
+                try:
+                    raw[int(m.group(1))] = source.value(kk)
+                except (KeyError, LookupError, ValueError):
+                    continue
+    if not raw:
+        raise ValueError("no residual-stream values (layers.{i}) to project; capture them first")
+    layers = sorted(raw)
+    first = raw[layers[0]]
+    T = first.shape[-2] if first.ndim >= 2 else 1
+    if positions is None:
+        positions = list(range(max(0, T - 8), T))
+    positions = [p % T for p in positions]
+    top_ids, top_p, ent, logps = [], [], [], []
+    for li in layers:
+        v = raw[li]
+        if not isinstance(v, mx.array):
+            v = mx.array(_np(v))
+        logits = project(program, ctx, v, tail).astype(mx.float32)
+        lg = np.array(logits).reshape(-1, logits.shape[-1])[positions]  # [P, V]
+        lg = lg - lg.max(-1, keepdims=True)
+        lp = lg - np.log(np.exp(lg).sum(-1, keepdims=True))
+        p = np.exp(lp)
+        order = np.argsort(-lp, axis=-1)[:, :k]
+        top_ids.append(order)
+        top_p.append(np.take_along_axis(p, order, -1))
+        ent.append(-(p * np.where(p > 0, lp, 0)).sum(-1))
+        logps.append(lp)
+    final = top_ids[-1][:, 0]
+    ranks = np.stack([(lp > lp[np.arange(len(final)), final][:, None]).sum(-1) for lp in logps])
+    if decode is None:
+        tok = getattr(model, "tokenizer", None)
+        if tok is not None and hasattr(tok, "decode"):
+            decode = lambda t, _tok=tok: _tok.decode([t])
+    tokens = []
+    if ids is not None and decode is not None:
+        ids = [int(i) for i in np.asarray(ids).ravel()]
+        tokens = [decode(ids[p]) if p < len(ids) else "" for p in positions]
+    return LogitLens(layers=layers, positions=positions, top_ids=np.stack(top_ids), top_probs=np.stack(top_p),
+                     entropy=np.stack(ent), final_ids=final, final_rank=ranks, tokens=tokens, decode=decode)
