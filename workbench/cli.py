@@ -18,6 +18,8 @@ import workbench  # noqa: F401  (fast BLAS before mlx.core)
 COMMANDS: dict[str, tuple[str, str]] = {
     "hazards": ("workbench.buffers.cli", "check a recorded dispatch schedule for buffer aliasing hazards"),
     "lab": ("workbench.lab", "open JupyterLab on the workbench notebooks"),
+    "dump": ("workbench.diff.cli_dump", "write the reference's activations (float32, by op name) to safetensors"),
+    "diff": ("workbench.diff.cli_diff", "compare an engine's activation dump with the reference: first divergence"),
 }
 
 
