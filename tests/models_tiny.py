@@ -58,7 +58,7 @@ def multimodal(text: dict) -> dict:
             "vocab_size": t["vocab_size"]}
 
 
-def build(dest, config: dict, quant: dict | None = None, seed: int = 0) -> Path:
+def build(dest, config: dict, quant: dict | None = None, seed: int = 0, dtype=None) -> Path:
     """Write a random tiny checkpoint of ``config`` with mlx-lm's classes; return its path."""
     from mlx_lm.utils import _get_classes, quantize_model
 
@@ -72,6 +72,8 @@ def build(dest, config: dict, quant: dict | None = None, seed: int = 0) -> Path:
     model.update(tree_map_with_path(
         lambda p, v: v + 0.2 * mx.random.normal(v.shape, dtype=v.dtype) if v.ndim == 1 else v,
         model.parameters()))
+    if dtype is not None:
+        model.set_dtype(dtype)
     if quant:
         model, config = quantize_model(model, config, quant.get("group_size"), quant.get("bits"),
                                        mode=quant.get("mode", "affine"))
@@ -90,3 +92,39 @@ def reference(path):
 
 def ref_logits(path, ids: mx.array) -> mx.array:
     return reference(path)(ids)
+
+
+def to_hf_layout(src, dest, extra_shared_kv: bool = True) -> Path:
+    """Rewrite an MLX-layout multimodal gemma4 checkpoint in the original Hugging Face layout:
+    ``model.language_model.*`` names, experts fused as ``gate_up_proj`` [E, 2I, D] /
+    ``down_proj`` [E, D, I]; KV-shared layers keep (unused) k/v projections as HF ships them."""
+    src, dest = Path(src), Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    w = mx.load(str(src / "model.safetensors"))
+    cfg = json.loads((src / "config.json").read_text())
+    out = {}
+    for k, v in w.items():
+        if k.startswith("language_model.model."):
+            k = "model.language_model." + k[len("language_model.model."):]
+        elif k.startswith("language_model."):
+            k = k[len("language_model."):]
+        out[k] = v
+    for k in [k for k in out if ".experts.switch_glu.gate_proj.weight" in k]:
+        base = k[: -len(".switch_glu.gate_proj.weight")]
+        g = out.pop(k)
+        u = out.pop(f"{base}.switch_glu.up_proj.weight")
+        out[f"{base}.gate_up_proj"] = mx.concatenate([g, u], axis=-2)
+        out[f"{base}.down_proj"] = out.pop(f"{base}.switch_glu.down_proj.weight")
+    tc = cfg.get("text_config", cfg)
+    n, ns = tc["num_hidden_layers"], tc.get("num_kv_shared_layers", 0)
+    if extra_shared_kv and ns:
+        for i in range(n - ns, n):
+            q = out[f"model.language_model.layers.{i}.self_attn.q_proj.weight"]
+            hd = out[f"model.language_model.layers.{i}.self_attn.q_norm.weight"].shape[0]
+            kv = tc["num_key_value_heads"] * hd
+            for p in ("k_proj", "v_proj"):
+                out[f"model.language_model.layers.{i}.self_attn.{p}.weight"] = mx.zeros((kv, q.shape[1]), q.dtype)
+            out[f"model.language_model.layers.{i}.self_attn.k_norm.weight"] = mx.ones((hd,), q.dtype)
+    mx.save_safetensors(str(dest / "model.safetensors"), out)
+    (dest / "config.json").write_text(json.dumps(cfg, indent=1))
+    return dest

@@ -201,7 +201,13 @@ def expert_linear(b: Builder, name: str, x: str, idx: str) -> str:
         x = mx.expand_dims(x, (-2, -3)) if x.ndim == 3 else mx.expand_dims(x, -2)
         W = ctx.weights
         if q is None:
-            y = mx.gather_mm(x, W[wn].swapaxes(-1, -2), rhs_indices=idx)
+            w = W[wn]
+            if x.dtype != mx.float32 and mx.default_device() == mx.cpu:
+                # MLX's CPU gather_mm is float32-only: compute in float32, round back
+                y = mx.gather_mm(x.astype(mx.float32), w.astype(mx.float32).swapaxes(-1, -2),
+                                 rhs_indices=idx).astype(x.dtype)
+            else:
+                y = mx.gather_mm(x, w.swapaxes(-1, -2), rhs_indices=idx)
         else:
             y = mx.gather_qmm(x, W[wn], W[sn], W.get(bn), rhs_indices=idx, transpose=True,
                               group_size=q.group_size, bits=q.bits, mode=q.mode)
