@@ -18,7 +18,8 @@ Invariants a valid schedule satisfies (checked here, and nothing else is assumed
    commit/complete: ``cb``);
 4. every buffer an event names is declared in ``"buffers"`` or allocated by an earlier
    ``alloc`` event (an alloc of an undeclared buffer must give its ``size``);
-5. byte ranges are half-open ``[offset, offset + size)``; ``value`` labels are strings.
+5. byte ranges are half-open ``[offset, offset + size)``; ``value`` labels are strings
+   (``null`` or absent: unlabelled).
 
 Whether a range fits its buffer, whether the buffer is still alive, whether a command
 buffer is still open: those are hazards for the analyzer, not format errors.
@@ -218,6 +219,42 @@ def _obj(v: Any, where: str, event: int | None = None) -> dict:
     return v
 
 
+def _fast_access(a: Any, known: set) -> Access | None:
+    """The common, valid case without building error paths; None sends it to _slow_access."""
+    if type(a) is not dict or not (a.keys() <= _ACCESS_FIELDS):
+        return None
+    buf = a.get("buffer")
+    off = a.get("offset")
+    sz = a.get("size")
+    if not (type(buf) is str and buf in known and type(off) is int and type(sz) is int
+            and 0 <= off <= MAX_BYTES and 0 <= sz <= MAX_BYTES):
+        return None
+    arg = a.get("arg")
+    if arg is not None and not (type(arg) is str and arg):
+        return None
+    if arg is None and "arg" in a:
+        return None
+    value = a.get("value")
+    if value is not None and type(value) is not str:
+        return None
+    return Access(arg, buf, off, sz, value)
+
+
+def _slow_access(a: Any, aw: str, i: int, known: set) -> Access:
+    a = _obj(a, aw, i)
+    _check_keys(a, _ACCESS_FIELDS, aw, i)
+    for req in ("buffer", "offset", "size"):
+        if req not in a:
+            raise ScheduleError(f'missing field "{req}"', f"{aw}.{req}", i)
+    buf = _string(a["buffer"], aw + ".buffer", i)
+    if buf not in known:
+        raise ScheduleError(f"unknown buffer {buf!r} (declare it in \"buffers\" or allocate it "
+                            f"with an earlier alloc event)", aw + ".buffer", i)
+    arg = _string(a["arg"], aw + ".arg", i) if "arg" in a else None
+    value = _string(a["value"], aw + ".value", i, empty_ok=True) if a.get("value") is not None else None
+    return Access(arg, buf, _nbytes(a["offset"], aw + ".offset", i), _nbytes(a["size"], aw + ".size", i), value)
+
+
 def validate(doc: Any, source: str | None = None) -> Schedule:
     """Check a parsed JSON document against the format; return a :class:`Schedule`.
 
@@ -303,20 +340,12 @@ def validate(doc: Any, source: str | None = None) -> Schedule:
                         raise ScheduleError(f"expected a list of accesses, got {_show(items)}", f"{w}.{key}", i)
                     accs = []
                     for j, a in enumerate(items):
-                        aw = f"{w}.{key}[{j}]"
-                        a = _obj(a, aw, i)
-                        _check_keys(a, _ACCESS_FIELDS, aw, i)
-                        for req in ("buffer", "offset", "size"):
-                            if req not in a:
-                                raise ScheduleError(f'missing field "{req}"', f"{aw}.{req}", i)
-                        buf = _string(a["buffer"], aw + ".buffer", i)
-                        if buf not in known:
-                            raise ScheduleError(f"unknown buffer {buf!r} (declare it in \"buffers\" or allocate it "
-                                                f"with an earlier alloc event)", aw + ".buffer", i)
-                        arg = _string(a["arg"], aw + ".arg", i) if "arg" in a else f"{key[:-1]}{j}"
-                        value = _string(a["value"], aw + ".value", i, empty_ok=True) if "value" in a else None
-                        accs.append(Access(arg, buf, _nbytes(a["offset"], aw + ".offset", i),
-                                           _nbytes(a["size"], aw + ".size", i), value))
+                        acc = _fast_access(a, known)
+                        if acc is None:
+                            acc = _slow_access(a, f"{w}.{key}[{j}]", i, known)
+                        if acc.arg is None:
+                            acc.arg = f"{key[:-1]}{j}"
+                        accs.append(acc)
                     lists.append(accs)
             except ScheduleError as e:
                 raise ScheduleError(e.reason, e.where + tag, i) from None
