@@ -76,21 +76,35 @@ def _load_model(model: Any, dtype: str | None):
     return model
 
 
-def _ids_for(model, prompt: str | None, ids: Sequence[int] | None) -> Any:
+def _ids_for(model, prompt: str | None, ids: Sequence[int] | None) -> list[int]:
     if (prompt is None) == (ids is None):
         raise DiffError("give exactly one of a prompt or token ids")
     if ids is not None:
-        ids = [int(i) for i in ids]
-        if not ids:
-            raise DiffError("token ids are empty")
-        return ids
-    return prompt
+        ids = [int(i) for i in np.asarray(ids).ravel()]
+    else:
+        try:
+            ids = model.encode(prompt)
+        except ValueError as e:
+            raise DiffError(str(e)) from None
+    if not ids:
+        raise DiffError("the input has no tokens")
+    vocab = getattr(model, "vocab_size", None)
+    bad = [i for i in ids if i < 0 or (vocab is not None and i >= vocab)]
+    if bad:
+        raise DiffError(f"token id {bad[0]} is out of range for a vocabulary of {vocab}")
+    return ids
 
 
 def run_reference(model: Any, prompt: str | None = None, ids: Sequence[int] | None = None,
                   ops: str | Iterable[str] | None = None, dtype: str | None = None) -> Reference:
-    """Run our reference on one input, keeping the ops matching ``ops`` (globs; default all)."""
-    import workbench
+    """Run our reference on one input, keeping the ops matching ``ops`` (globs; default all).
+
+    This is the program's own uncaptured executor with a keep-set: values not asked for
+    are freed as soon as nothing reads them.
+    """
+    import mlx.core as mx
+
+    from workbench.program import execute
 
     m = _load_model(model, dtype)
     program = m.program
@@ -103,17 +117,17 @@ def run_reference(model: Any, prompt: str | None = None, ids: Sequence[int] | No
         names = program.match(ops)
     if not names:
         raise DiffError(f"no op matches {ops!r}")
-    tr = workbench.trace(m, _ids_for(m, prompt, ids), capture=list(names), dtype=dtype)
-    tr.run()
-    values = {n: to_numpy(tr.value(n)) for n in names}
-    got_ids = getattr(tr, "ids", None)
-    if got_ids is None:
-        got_ids = ids
-    if got_ids is not None:
-        got_ids = [int(i) for i in np.asarray(to_numpy(got_ids) if not isinstance(got_ids, list) else got_ids).ravel()]
-    return Reference(values=values, order=list(program.names), ids=got_ids,
-                     model=str(model) if isinstance(model, (str, os.PathLike)) else getattr(m, "path", None) and str(m.path),
-                     dtype=dtype, inputs={op.name: tuple(op.inputs) for op in program.ops})
+    token_ids = _ids_for(m, prompt, ids)
+    keep = set(names)
+    out = execute(program, m.context(dtype), m.feeds(mx.array([token_ids], dtype=mx.int32)), keep=keep.__contains__)
+    values = {}
+    for n in names:  # evaluate and convert one op at a time
+        values[n] = to_numpy(out.pop(n))
+    path = model if isinstance(model, (str, os.PathLike)) else getattr(m, "path", None)
+    used = dtype or str(m.context(dtype).dtype).replace("mlx.core.", "")
+    return Reference(values=values, order=list(program.names), ids=token_ids,
+                     model=str(path) if path is not None else None, dtype=used,
+                     inputs={op.name: tuple(op.inputs) for op in program.ops})
 
 
 def dump(model: Any, out: str | os.PathLike | None = None, prompt: str | None = None,

@@ -12,6 +12,10 @@ never through a sum):
 * ``max_rel``: the largest ``|engine - ref| / max(|ref|, floor)`` with
   ``floor = 1e-3 * rms(ref)``, so that reference elements near zero do not dominate.
 
+Attention-mask fill is left out: elements at or below ``Tolerance.mask_below`` (default
+-65504, float16's lowest) in *both* tensors are masked positions, whatever value each
+side fills them with (-inf, the dtype's lowest, -1e9), and are only counted (``masked``).
+
 An op has *diverged* when its cosine is below ``Tolerance.min_cosine`` (default 0.995),
 or its NMSE above ``Tolerance.max_nmse`` (default 1e-2), or (when set) its max abs error
 above ``Tolerance.max_abs``, or when the engine has non-finite elements where the
@@ -33,6 +37,9 @@ class Tolerance:
     min_cosine: float = 0.995
     max_nmse: float = 1e-2
     max_abs: float | None = None
+    #: elements at or below this in both tensors are attention-mask fill (-inf, the dtype's
+    #: lowest, -1e9: engines differ) and are left out of every metric; None: keep them
+    mask_below: float | None = -65504.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -44,9 +51,10 @@ class Tolerance:
         if isinstance(tol, Tolerance):
             return tol
         if isinstance(tol, dict):
-            unknown = set(tol) - {"min_cosine", "max_nmse", "max_abs"}
+            unknown = set(tol) - {"min_cosine", "max_nmse", "max_abs", "mask_below"}
             if unknown:
-                raise ValueError(f"unknown tolerance key(s) {sorted(unknown)}; use min_cosine, max_nmse, max_abs")
+                raise ValueError(f"unknown tolerance key(s) {sorted(unknown)}; use min_cosine, max_nmse, max_abs, "
+                                 "mask_below")
             return cls(**tol)
         raise TypeError(f"tolerance must be a Tolerance or a dict, not {type(tol).__name__}")
 
@@ -55,12 +63,18 @@ def _nonfinite(a: np.ndarray) -> dict[str, int]:
     return {"nan": int(np.isnan(a).sum()), "posinf": int(np.isposinf(a).sum()), "neginf": int(np.isneginf(a).sum())}
 
 
-def error_metrics(ref: np.ndarray, eng: np.ndarray) -> dict[str, Any]:
+def error_metrics(ref: np.ndarray, eng: np.ndarray, mask_below: float | None = -65504.0) -> dict[str, Any]:
     """Metrics between two same-shaped arrays (see module docstring)."""
     if ref.shape != eng.shape:
         raise ValueError(f"shapes differ: {ref.shape} vs {eng.shape}")
     r = np.asarray(ref, dtype=np.float32).ravel()
     e = np.asarray(eng, dtype=np.float32).ravel()
+    masked = 0
+    if mask_below is not None:
+        mk = (r <= mask_below) & (e <= mask_below)
+        masked = int(mk.sum())
+        if masked:
+            r, e = r[~mk], e[~mk]
     nf_r, nf_e = _nonfinite(r), _nonfinite(e)
     fin_r, fin_e = np.isfinite(r), np.isfinite(e)
     both = fin_r & fin_e
@@ -96,7 +110,7 @@ def error_metrics(ref: np.ndarray, eng: np.ndarray) -> dict[str, Any]:
         "cosine": cos, "nmse": nmse, "max_abs": max_abs, "max_rel": max_rel,
         "nonfinite_ref": nf_r, "nonfinite_engine": nf_e,
         "nonfinite_new": new_nonfinite,  # finite in ours, non-finite in the engine
-        "elements": int(r.size),
+        "elements": int(r.size), "masked": masked,
     }
 
 

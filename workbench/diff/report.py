@@ -66,6 +66,7 @@ class OpDiff:
     max_rel: float | None = None
     nonfinite_ref: dict = field(default_factory=dict)
     nonfinite_engine: dict = field(default_factory=dict)
+    masked: int = 0  # attention-mask fill elements left out of the metrics
     reasons: list[str] = field(default_factory=list)
 
     @property
@@ -81,7 +82,7 @@ class OpDiff:
             "op": self.op, "engine_name": self.engine_name, "index": self.index, "layer": self.layer,
             "status": self.status, "cosine": _num(self.cosine), "nmse": _num(self.nmse),
             "max_abs": _num(self.max_abs), "max_rel": _num(self.max_rel),
-            "nonfinite_ref": self.nonfinite_ref, "nonfinite_engine": self.nonfinite_engine,
+            "nonfinite_ref": self.nonfinite_ref, "nonfinite_engine": self.nonfinite_engine, "masked": self.masked,
             "shape": list(self.shape), "engine_shape": list(self.engine_shape),
             "layout": self.layout, "reasons": list(self.reasons),
         }
@@ -230,9 +231,9 @@ def compare_arrays(reference: Mapping[str, Any], engine: Mapping[str, Any], orde
             od.reasons = [str(e)]
             ops.append(od)
             continue
-        m = error_metrics(ref, eng)
+        m = error_metrics(ref, eng, mask_below=tol.mask_below)
         od.cosine, od.nmse, od.max_abs, od.max_rel = m["cosine"], m["nmse"], m["max_abs"], m["max_rel"]
-        od.nonfinite_ref, od.nonfinite_engine = m["nonfinite_ref"], m["nonfinite_engine"]
+        od.nonfinite_ref, od.nonfinite_engine, od.masked = m["nonfinite_ref"], m["nonfinite_engine"], m["masked"]
         od.reasons = diverged(m, tol)
         od.status = "diverged" if od.reasons else "ok"
         ops.append(od)

@@ -1,0 +1,180 @@
+"""Engine diff end to end on a zoo checkpoint: dump, rename, perturb, diff (API and CLI)."""
+import json
+import re
+
+import numpy as np
+import pytest
+
+import workbench
+from workbench import zoo
+from workbench.cli import main
+from workbench.diff import Reference, compare, dump, read_dump
+
+IDS = [5, 17, 3, 42, 8, 99, 23]  # 7 tokens: no size coincides with a head count or head dim
+
+# an engine with llama.cpp-like names, the rules that map them back to ours
+RULES = [[r"^blk\.(\d+)\.l_out$", "layers.$1"], [r"^blk\.(\d+)\.attn\.", "layers.$1.self_attn."],
+         [r"^blk\.(\d+)\.ffn\.", "layers.$1.mlp."], [r"^blk\.(\d+)\.", "layers.$1."],
+         [r"^tok_embd$", "embed_tokens"], [r"^result_norm$", "norm"], [r"^result_output$", "logits"]]
+
+
+def engine_name(op: str) -> str:
+    top = {"embed_tokens": "tok_embd", "norm": "result_norm", "logits": "result_output"}
+    if op in top:
+        return top[op]
+    m = re.fullmatch(r"layers\.(\d+)(?:\.(.*))?", op)
+    if not m:
+        return op
+    i, rest = m.groups()
+    if rest is None:
+        return f"blk.{i}.l_out"
+    rest = re.sub(r"^self_attn\.", "attn.", rest)
+    rest = re.sub(r"^mlp\.", "ffn.", rest)
+    return f"blk.{i}.{rest}"
+
+
+def engine_layout(x: np.ndarray) -> np.ndarray:
+    """Drop the batch; [1, H, T, D] head tensors as tokens-first, heads merged [T, H*D]; float16."""
+    x = x[0]
+    if x.ndim == 3 and x.shape[1] == len(IDS) and x.shape[2] != len(IDS):
+        x = x.transpose(1, 0, 2).reshape(x.shape[1], -1)
+    with np.errstate(over="ignore"):  # mask fill (float32's lowest) becomes -inf, as in an fp16 engine
+        return np.ascontiguousarray(x).astype(np.float16)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return zoo.build("gemma3_text", tmp_path_factory.mktemp("g3") / "g3", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def reference(ckpt, tmp_path_factory):
+    out = tmp_path_factory.mktemp("dump") / "ref.safetensors"
+    assert main(["dump", str(ckpt), "--ids", ",".join(map(str, IDS)), "--out", str(out)]) == 0
+    return out
+
+
+def write_engine(ref_path, dest, perturb=None, drop=(), extra=None):
+    values, meta = read_dump(ref_path)
+    order = json.loads(meta["workbench.op_order"])
+    eng = {}
+    for op in order:
+        if op in drop or any(op.startswith(d + ".") for d in drop):
+            continue
+        x = engine_layout(values[op])
+        if op == perturb:
+            x = (x.astype(np.float32) * 1.25 + 0.05).astype(np.float16)
+        eng[engine_name(op)] = x
+    eng.update(extra or {})
+    np.savez(dest, **eng)
+    return eng
+
+
+def test_dump_file_holds_float32_ops_in_order(ckpt, reference):
+    values, meta = read_dump(reference)
+    model = workbench.load(ckpt)
+    order = json.loads(meta["workbench.op_order"])
+    assert order == model.program.names and order[-1] == "logits"
+    assert set(values) == set(order)
+    assert json.loads(meta["workbench.ids"]) == IDS
+    # the dump is the reference: the logits match the model's own forward
+    import mlx.core as mx
+    logits = np.array(model(mx.array([IDS])).astype(mx.float32))
+    np.testing.assert_allclose(values["logits"], logits, rtol=1e-5, atol=1e-5)
+    from safetensors import safe_open
+    with safe_open(str(reference), "numpy") as f:
+        assert all(f.get_slice(k).get_dtype() == "F32" for k in f.keys())
+
+
+def test_dump_ops_pattern(ckpt, tmp_path):
+    ref = dump(ckpt, out=tmp_path / "mlp.safetensors", ids=IDS, ops="layers.*.mlp.down_proj")
+    assert list(ref.values) == [f"layers.{i}.mlp.down_proj" for i in range(workbench.load(ckpt).num_layers)]
+    assert Reference.load(tmp_path / "mlp.safetensors").order == ref.order
+
+
+def test_untouched_engine_dump_has_no_divergence(ckpt, reference, tmp_path, capsys):
+    rules = tmp_path / "rules.json"
+    rules.write_text(json.dumps(RULES))
+    write_engine(reference, tmp_path / "engine.npz")
+    rc = main(["diff", str(ckpt), str(tmp_path / "engine.npz"), "--ids", ",".join(map(str, IDS)),
+               "--map", str(rules), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["first_divergence"] is None
+    n = len(workbench.load(ckpt).program)
+    assert out["compared"] >= 0.95 * n, (out["compared"], n)
+    assert out["unmatched_engine"] == [] and out["unmatched_reference"] == []
+    assert {o["status"] for o in out["ops"]} == {"ok"}
+    assert any("transposed" in o["layout"] for o in out["ops"])  # heads were reconciled
+    assert any(o["masked"] > 0 for o in out["ops"] if o["op"].endswith("scores"))
+
+
+def test_perturbed_op_is_the_first_divergence(ckpt, reference, tmp_path, capsys):
+    rules = tmp_path / "rules.json"
+    rules.write_text(json.dumps(RULES))
+    target = "layers.2.self_attn.o_proj"
+    write_engine(reference, tmp_path / "engine.npz", perturb=target, drop=("layers.5",),
+                 extra={"blk.0.attn.q_scaled": np.ones((7, 4), np.float16)})
+    rc = main(["diff", str(ckpt), str(tmp_path / "engine.npz"), "--ids", ",".join(map(str, IDS)),
+               "--map", str(rules), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 1
+    fd = out["first_divergence"]
+    assert fd["op"] == target and fd["engine_name"] == "blk.2.attn.o_proj"
+    assert fd["cosine"] is not None and fd["nmse"] > 1e-2 and fd["max_abs"] > 0
+    assert fd["inputs"] == [{"op": "layers.2.self_attn.context", "status": "ok"}]
+    assert out["unmatched_engine"] == ["blk.0.attn.q_scaled"]
+    assert "layers.5" in out["unmatched_reference"] and "layers.5.mlp.down_proj" in out["unmatched_reference"]
+    assert "layers.4" not in out["unmatched_reference"]
+    # text output names it too
+    rc = main(["diff", str(ckpt), str(tmp_path / "engine.npz"), "--ids", ",".join(map(str, IDS)), "--map", str(rules)])
+    text = capsys.readouterr().out
+    assert rc == 1 and f"first divergence: {target}" in text and "blk.0.attn.q_scaled" in text
+
+
+def test_python_api_and_reference_dump_as_reference(ckpt, reference, tmp_path):
+    eng = write_engine(reference, tmp_path / "e.npz", perturb="layers.0.mlp.act")
+    r1 = compare(ckpt, eng, ids=IDS, rules=RULES)
+    r2 = compare(reference, tmp_path / "e.npz", rules=RULES)  # a dump as the reference: no model run
+    for r in (r1, r2):
+        assert r.first_divergence.op == "layers.0.mlp.act"
+        assert [o.op for o in r.ops] == [o for o in workbench.load(ckpt).program.names if o in {x.op for x in r.ops}]
+    assert r1.to_dict()["ops"] == r2.to_dict()["ops"]
+
+
+def test_npy_directory_and_safetensors_engine(ckpt, reference, tmp_path, capsys):
+    values, _ = read_dump(reference)
+    d = tmp_path / "npy"
+    d.mkdir()
+    for op in ("embed_tokens", "layers.0", "layers.1", "logits"):
+        np.save(d / f"{op}.npy", values[op][0])
+    rc = main(["diff", str(ckpt), str(d), "--ids", ",".join(map(str, IDS)), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["compared"] == 4
+    from safetensors.numpy import save_file
+    save_file({"layers.1": values["layers.1"] * -1}, str(tmp_path / "e.safetensors"))
+    rc = main(["diff", str(ckpt), str(tmp_path / "e.safetensors"), "--ids", ",".join(map(str, IDS)), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 1 and out["first_divergence"]["op"] == "layers.1"
+    assert out["first_divergence"]["cosine"] == pytest.approx(-1.0)
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["diff", "{ck}", "{tmp}/missing.npz", "--ids", "1,2"], "no such file"),
+    (["diff", "{ck}", "{tmp}/garbage.safetensors", "--ids", "1,2"], "garbage.safetensors"),
+    (["diff", "{ck}", "{tmp}/names.npz", "--ids", "1,2"], "none of its 1 tensors maps to an op"),
+    (["diff", "{ck}", "{tmp}/names.npz", "--ids", "1,2", "--map", "{tmp}/bad_rules.json"], "bad_rules.json"),
+    (["diff", "{ck}", "{tmp}/names.npz"], "--prompt TEXT or --ids"),
+    (["diff", "{tmp}/missing_model", "{tmp}/names.npz", "--ids", "1"], "missing_model"),
+    (["dump", "{ck}", "--ids", "1,2,100000", "--out", "{tmp}/x.safetensors"], "out of range"),
+    (["dump", "{ck}", "--ids", "1,2", "--out", "{tmp}/x.safetensors", "--ops", "nothing.*"], "no op matches"),
+    (["dump", "{ck}", "--ids", "1,a", "--out", "{tmp}/x.safetensors"], "comma-separated integers"),
+])
+def test_unusable_input_exits_2_with_one_line(ckpt, tmp_path, capsys, args, msg):
+    (tmp_path / "garbage.safetensors").write_bytes(b"\xff" * 64)
+    np.savez(tmp_path / "names.npz", **{"tensor.nobody.knows": np.zeros(3, np.float32)})
+    (tmp_path / "bad_rules.json").write_text('[["(unclosed", "x"]]')
+    argv = [a.format(ck=ckpt, tmp=tmp_path) for a in args]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and msg in err and "Traceback" not in err
+    assert not (tmp_path / "x.safetensors").exists()
