@@ -1,0 +1,175 @@
+"""Presentation helpers shared by the widgets: fast heatmap images, HTML tables, number formats.
+
+Nothing here computes anything about a model; it only turns arrays and records that the
+data objects already hold into pixels and text.  Heatmaps are encoded straight to PNG with
+numpy + zlib (a few ms for a few hundred thousand pixels), so a StepDebugger step stays
+well under 50 ms; the matplotlib figures with axes and labels live in workbench.plots.
+"""
+from __future__ import annotations
+
+import html
+import math
+import struct
+import zlib
+from functools import lru_cache
+
+import numpy as np
+
+FP16_MAX = 65504.0
+BF16_MAX = 3.3895313892515355e38
+
+
+@lru_cache(maxsize=8)
+def _lut(cmap: str) -> np.ndarray:
+    """256 x 3 uint8 colour table from a matplotlib colormap (imported once, lazily)."""
+    from matplotlib import colormaps
+    cm = colormaps[cmap]
+    return (np.asarray(cm(np.linspace(0.0, 1.0, 256)))[:, :3] * 255).round().astype(np.uint8)
+
+
+def png_bytes(rgb: np.ndarray) -> bytes:
+    """Encode an [H, W, 3] uint8 array as PNG."""
+    rgb = np.ascontiguousarray(rgb, dtype=np.uint8)
+    h, w, _ = rgb.shape
+    raw = np.empty((h, 1 + 3 * w), dtype=np.uint8)
+    raw[:, 0] = 0  # filter type None per row
+    raw[:, 1:] = rgb.reshape(h, 3 * w)
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(raw.tobytes(), 1)) + chunk(b"IEND", b""))
+
+
+def as_2d(a: np.ndarray, max_rows: int = 256, max_cols: int = 1024) -> tuple[np.ndarray, str]:
+    """A 2-D view of an activation for a heatmap, and a note on what was done to get it.
+
+    Leading dims of size 1 are dropped; 3-D [H, T, X] arrays are laid side by side per
+    head; larger arrays are flattened to [rows, last dim].  Rows/columns beyond the limits
+    are max-abs pooled (so an outlier never disappears from the picture).
+    """
+    a = np.asarray(a)
+    note = []
+    while a.ndim > 2 and a.shape[0] == 1:
+        a = a[0]
+    if a.ndim == 0:
+        a = a.reshape(1, 1)
+    elif a.ndim == 1:
+        a = a.reshape(1, -1)
+    elif a.ndim == 3:
+        h, t, x = a.shape
+        a = np.concatenate([a[i] for i in range(h)], axis=1)
+        note.append(f"{h} heads side by side")
+    elif a.ndim > 3:
+        a = a.reshape(-1, a.shape[-1])
+        note.append("flattened to rows x last dim")
+    a = np.asarray(a, dtype=np.float32)
+    r, c = a.shape
+    if r > max_rows:
+        a = _pool(a, max_rows, axis=0)
+        note.append(f"{r} rows max-abs pooled to {a.shape[0]}")
+    if c > max_cols:
+        a = _pool(a, max_cols, axis=1)
+        note.append(f"{c} columns max-abs pooled to {a.shape[1]}")
+    return a, "; ".join(note)
+
+
+def _pool(a: np.ndarray, n: int, axis: int) -> np.ndarray:
+    size = a.shape[axis]
+    k = math.ceil(size / n)
+    pad = k * math.ceil(size / k) - size
+    if axis == 0:
+        a = np.pad(a, ((0, pad), (0, 0)))
+        g = a.reshape(-1, k, a.shape[1])
+        idx = np.abs(g).argmax(axis=1)
+        return np.take_along_axis(g, idx[:, None, :], axis=1)[:, 0, :]
+    a = np.pad(a, ((0, 0), (0, pad)))
+    g = a.reshape(a.shape[0], -1, k)
+    idx = np.abs(g).argmax(axis=2)
+    return np.take_along_axis(g, idx[:, :, None], axis=2)[:, :, 0]
+
+
+def heatmap_png(a: np.ndarray, cmap: str = "RdBu_r", symmetric: bool = True, scale: int = 0,
+                target_width: int = 640, vmax: float | None = None) -> bytes:
+    """A 2-D array as a PNG heatmap; non-finite cells are drawn in bright green."""
+    a = np.asarray(a, dtype=np.float32)
+    finite = np.isfinite(a)
+    vals = np.where(finite, a, 0.0)
+    if symmetric:
+        m = float(vmax if vmax is not None else (np.abs(vals).max() if vals.size else 1.0)) or 1.0
+        x = (vals / m + 1.0) * 0.5
+    else:
+        lo = float(vals.min()) if vals.size else 0.0
+        hi = float(vmax if vmax is not None else (vals.max() if vals.size else 1.0))
+        x = (vals - lo) / ((hi - lo) or 1.0)
+    idx = np.clip((x * 255.0).round(), 0, 255).astype(np.uint8)
+    rgb = _lut(cmap)[idx]
+    rgb[~finite] = (0, 255, 0)
+    if scale <= 0:
+        scale = max(1, min(16, target_width // max(1, a.shape[1])))
+    if scale > 1:
+        rgb = np.repeat(np.repeat(rgb, scale, axis=0), scale, axis=1)
+    return png_bytes(rgb)
+
+
+def fmt(x, spec: str = ".4g") -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
+        return str(int(x))
+    try:
+        xf = float(x)
+    except (TypeError, ValueError):
+        return html.escape(str(x))
+    if math.isnan(xf):
+        return "nan"
+    return format(xf, spec)
+
+
+def shape_str(s) -> str:
+    if s is None:
+        return "–"
+    return "[" + ", ".join(str(int(d)) for d in s) + "]"
+
+
+def table(rows: list[tuple], header: tuple | None = None, cls: str = "wb-table") -> str:
+    """A small HTML table; cells are escaped unless given as ``("html", markup)``."""
+    def cell(v, tag="td"):
+        if isinstance(v, tuple) and len(v) == 2 and v[0] == "html":
+            return f"<{tag}>{v[1]}</{tag}>"
+        return f"<{tag}>{html.escape(str(v))}</{tag}>"
+    out = [f'<table class="{cls}" style="border-collapse:collapse;font-family:monospace;font-size:12px">']
+    if header:
+        out.append("<tr>" + "".join(cell(h, "th") for h in header) + "</tr>")
+    for r in rows:
+        out.append("<tr>" + "".join(cell(v) for v in r) + "</tr>")
+    out.append("</table>")
+    return "".join(out)
+
+
+def headroom_bar(frac: float | None, label: str) -> str:
+    """An inline bar showing how much of a dtype's range an activation uses."""
+    if frac is None or not math.isfinite(frac):
+        pct, txt, color = 100.0, "overflow" if frac is not None else "–", "#c00"
+    else:
+        pct = min(100.0, max(0.0, frac * 100.0))
+        txt = f"{frac:.2%}" if frac >= 1e-4 else f"{frac:.1e}"
+        color = "#c00" if frac >= 0.5 else "#e90" if frac >= 0.1 else "#393"
+    return (f'<span style="display:inline-block;width:50px">{html.escape(label)}</span>'
+            f'<span style="display:inline-block;width:160px;height:9px;background:#eee;vertical-align:middle">'
+            f'<span style="display:block;width:{max(pct, 0.5):.1f}%;height:9px;background:{color}"></span></span>'
+            f' <span style="font-family:monospace">{txt}</span>')
+
+
+def figure_png(fig, dpi: int = 90) -> bytes:
+    """A matplotlib Figure (from workbench.plots) as PNG bytes, without pyplot."""
+    import io
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    if fig.canvas is None or not isinstance(fig.canvas, FigureCanvasAgg):
+        FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    return buf.getvalue()

@@ -1,0 +1,96 @@
+"""DiffView: an engine-vs-reference diff as a per-op error curve with the first divergence marked.
+
+A view over a :class:`workbench.diff.DiffReport`::
+
+    report = workbench.diff.compare(model, "engine.safetensors", prompt="...")
+    DiffView(report)
+
+The curve is :func:`workbench.plots.error_curve`; pick the metrics to draw, and pick an op
+(the first divergence is picked at the start) to see its numbers, its layout
+reconciliation, and the status of the ops it reads.
+"""
+from __future__ import annotations
+
+import html
+
+import ipywidgets as W
+from IPython.display import HTML, Image
+
+from workbench.widgets._render import figure_png, fmt, table
+
+METRICS = ("nmse", "1-cosine", "max_abs", "max_rel")
+
+
+class DiffView(W.VBox):
+    """Per-op error curve of a DiffReport, the first divergence marked, per-op details."""
+
+    def __init__(self, report):
+        self.report = report
+        fd = report.first_divergence
+        if fd is None:
+            head = (f"<b style='color:#393'>no divergence</b>: {report.compared} ops compared within tolerance")
+        else:
+            head = (f"<b style='color:#c00'>first divergence: {html.escape(fd.op)}</b> "
+                    f"(engine tensor <code>{html.escape(fd.engine_name)}</code>, op #{fd.index}"
+                    + (f", layer {fd.layer}" if fd.layer is not None else "") + f"); {report.compared} ops compared")
+        if report.unmatched_engine:
+            head += f"<br>{len(report.unmatched_engine)} engine tensors match no op: " + html.escape(
+                ", ".join(report.unmatched_engine[:8]) + (" ..." if len(report.unmatched_engine) > 8 else ""))
+        if report.unmatched_reference:
+            head += f"<br>{len(report.unmatched_reference)} of our ops have no engine tensor"
+        self.summary = W.HTML(head)
+        self.summary.add_class("wb-diff-summary")
+        self.metrics = W.SelectMultiple(options=METRICS, value=("nmse", "1-cosine"), rows=4, description="metrics")
+        self.op = W.Dropdown(options=[(f"#{o.index} {o.op} [{o.status}]", o.op) for o in report.ops],
+                             value=(fd.op if fd is not None else (report.ops[0].op if report.ops else None)),
+                             description="op", layout=W.Layout(width="60%"))
+        self.op.add_class("wb-diff-op")
+        self.first = W.Button(description="first divergence", disabled=fd is None, icon="crosshairs")
+        self.first.add_class("wb-diff-first")
+        self.first.on_click(lambda _: self.show(fd.op))
+        self.plot = W.Output()
+        self.plot.add_class("wb-diff-plot")
+        self.detail = W.Output()
+        self.detail.add_class("wb-diff-detail")
+        self.metrics.observe(lambda ch: self._draw(), names="value")
+        self.op.observe(lambda ch: self._detail(), names="value")
+        super().__init__([self.summary, W.HBox([self.metrics, W.VBox([self.op, self.first])]), self.plot,
+                          self.detail])
+        self.add_class("wb-diff-view")
+        self._draw()
+        self._detail()
+
+    def show(self, op: str) -> None:
+        """Pick an op (its details are printed below the curve)."""
+        self.op.value = op
+
+    def _draw(self) -> None:
+        from workbench.plots import error_curve
+
+        self.plot.outputs = ()
+        if not self.metrics.value:
+            self.plot.append_stdout("pick at least one metric\n")
+            return
+        fig = error_curve(self.report, metrics=tuple(self.metrics.value))
+        self.plot.append_display_data(Image(figure_png(fig)))
+
+    def _detail(self) -> None:
+        self.detail.outputs = ()
+        if self.op.value is None:
+            return
+        o = self.report[self.op.value]
+        self.detail.append_stdout(
+            f"{o.op} (engine {o.engine_name!r}): {o.status}"
+            f"  cosine {fmt(o.cosine, '.6f')}  nmse {fmt(o.nmse, '.3g')}  max_abs {fmt(o.max_abs, '.3g')}"
+            f"  max_rel {fmt(o.max_rel, '.3g')}\n")
+        rows = [("shape (ours)", list(o.shape)), ("shape (engine)", list(o.engine_shape)),
+                ("layout", o.layout or "as is")]
+        if o.nonfinite_ref or o.nonfinite_engine:
+            rows.append(("non-finite ref / engine", f"{o.nonfinite_ref} / {o.nonfinite_engine}"))
+        for r in o.reasons:
+            rows.append(("why", r))
+        ins = self.report.inputs.get(o.op, ())
+        if ins:
+            by = {x.op: x.status for x in self.report.ops}
+            rows.append(("its inputs", ", ".join(f"{s} ({by.get(s, 'not compared')})" for s in ins)))
+        self.detail.append_display_data(HTML(table(rows)))
