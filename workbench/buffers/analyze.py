@@ -322,6 +322,7 @@ def _intra(idx, me, name, kernel, pairs, reads, writes, bufs, add, who) -> None:
 def _pair(idx, me, name, kdesc, decl, pairs, buf, r, rs, re_, w, ws, we, add, bufs, who) -> None:
     if (r.arg, w.arg) in pairs:
         return
+    rdesc = f"{r.arg} ({r.value!r})" if r.value is not None else r.arg
     lo, hi = max(rs, ws), min(re_, we)
     producer = -1
     for _, _, (wi, _) in bufs[buf].written.overlaps(lo, hi):
@@ -329,13 +330,13 @@ def _pair(idx, me, name, kdesc, decl, pairs, buf, r, rs, re_, w, ws, we, add, bu
     src = f" (the input there was last written by {who(producer)})" if producer >= 0 else ""
     if rs == ws and re_ == we:
         add(Hazard("alias-in-dispatch", idx, None, buf, (rs, re_),
-                   f"{me} reads {r.arg} and writes {w.arg} at the same {_bytes(buf, rs, re_)}{src}, and {kdesc} does "
+                   f"{me} reads {rdesc} and writes {w.arg} at the same {_bytes(buf, rs, re_)}{src}, and {kdesc} does "
                    f"not declare ({r.arg!r}, {w.arg!r}) in-place: a kernel working tile by tile reads input its "
                    f"own output already overwrote. Give {name} its own output buffer (or, if it truly reads each "
                    f"element before writing it, declare [{r.arg!r}, {w.arg!r}] in {decl})."))
     else:
         add(Hazard("partial-overlap", idx, None, buf, (lo, hi),
-                   f"{me} reads {r.arg} at [{rs}, {re_}) and writes {w.arg} at [{ws}, {we}) of buffer {buf!r}; "
+                   f"{me} reads {rdesc} at [{rs}, {re_}) and writes {w.arg} at [{ws}, {we}) of buffer {buf!r}; "
                    f"they overlap at [{lo}, {hi}){src} without being the same range, so threads read bytes other threads "
                    f"of {name} already wrote. Give {name} its own output buffer, or move {w.arg} clear of {r.arg}."))
 
