@@ -67,12 +67,27 @@ class ResidualNorms:
     embed: np.ndarray | None = None  # [T] norm of the embedding output (before layer 0), if given
 
 
+def stream_input(values: Mapping[str, Any]) -> Any:
+    """The residual stream entering layer 0: the last value before the first ``layers.*`` op
+    (in the mapping's order, which is execution order) with the same shape as ``layers.0``."""
+    first = next((k for k in values if k.startswith("layers.")), None)
+    if first is None or "layers.0" not in values:
+        return None
+    shape = tuple(values["layers.0"].shape)
+    before = list(values)[: list(values).index(first)]
+    for k in reversed(before):
+        if tuple(values[k].shape) == shape:
+            return values[k]
+    return None
+
+
 def residual_norms(source: Any, embed: Any = None) -> ResidualNorms:
+    """L2 norms per layer and token; ``embed`` (default: found in a mapping) is the stream entering layer 0."""
     vals = residual_values(source)
     layers = list(vals)
     norms = np.stack([np.sqrt(np.sum(vals[i].astype(np.float64) ** 2, axis=-1)) for i in layers])
-    if embed is None and isinstance(source, Mapping) and "embed_tokens" in source:
-        embed = source["embed_tokens"]
+    if embed is None and isinstance(source, Mapping):
+        embed = stream_input(source)
     e = None if embed is None else np.sqrt(np.sum(_tokens_dim(_np(embed)).astype(np.float64) ** 2, axis=-1))
     return ResidualNorms(layers=layers, norms=norms, embed=e)
 

@@ -135,8 +135,7 @@ def activation_heatmap(x: Any, title: str | None = None, tokens: Sequence[str] |
     ax = fig.add_subplot()
     import matplotlib
 
-    cmap = matplotlib.colormaps["RdBu_r"].copy()
-    cmap.set_bad("black")
+    cmap = matplotlib.colormaps["RdBu_r"].with_extremes(bad="black")
     shown = np.where(fin, a, np.nan)
     im = ax.imshow(shown, aspect="auto", interpolation="nearest", cmap=cmap,
                    norm=TwoSlopeNorm(vcenter=0.0, vmin=-vmax, vmax=vmax))
@@ -224,7 +223,12 @@ def residual_norm_plot(source: Any, tokens: Sequence[str] | None = None, title: 
     lab = "last token" + (f" ({_short(tokens[-1])!s})" if tokens else "")
     ax.plot(x, last, "s--", color="tab:red", ms=3, lw=1, label=lab)
     if log and np.all(lo > 0):
+        from matplotlib.ticker import FuncFormatter
+
         ax.set_yscale("log")
+        fmt = FuncFormatter(lambda v, _: f"{v:g}")
+        ax.yaxis.set_major_formatter(fmt)
+        ax.yaxis.set_minor_formatter(fmt if hi.max() / max(lo.min(), 1e-30) < 100 else FuncFormatter(lambda v, _: ""))
     ticks = list(x)
     labels = (["emb"] if rn.embed is not None else []) + [str(i) for i in rn.layers]
     step = max(1, math.ceil(len(ticks) / 24))
@@ -329,4 +333,4 @@ def logit_lens_plot(lens: LogitLens, title: str | None = None) -> Figure:
 def _rect(x, y):
     from matplotlib.patches import Rectangle
 
-    return Rectangle((x - 0.5, y - 0.5), 1, 1, fill=False, ec="tab:red", lw=1.2)
+    return Rectangle((x - 0.46, y - 0.44), 0.92, 0.88, fill=False, ec="tab:red", lw=1.4)
