@@ -95,8 +95,20 @@ def build_arch(config: dict) -> Arch:
         raise ConfigError(f"config.json: model_type {config.get('model_type')!r} is not a supported family "
                           f"({', '.join(sorted(set(FAMILIES)))})")
     tc = dict(text_config(config))
-    if tc is not config and "vocab_size" in config and "vocab_size" not in tc:
-        tc["vocab_size"] = config["vocab_size"]
+    if isinstance(config.get("text_config"), dict):
+        # multimodal wrappers (mlx-lm gemma3.py / gemma4.py): the top-level vocab_size wins,
+        # and head counts a Hugging Face config omits take the wrapper's defaults
+        mt = config.get("model_type")
+        if mt == "gemma3":
+            tc["vocab_size"] = config.get("vocab_size", 262208)
+            tc.setdefault("num_attention_heads", 8)
+            tc.setdefault("num_key_value_heads", 4)
+        elif mt == "gemma4":
+            tc["vocab_size"] = config.get("vocab_size", 262144)
+            tc.setdefault("num_attention_heads", 8)
+            tc.setdefault("num_key_value_heads", 1)
+        elif "vocab_size" in config and "vocab_size" not in tc:
+            tc["vocab_size"] = config["vocab_size"]
     if fam == "gemma4_text":
         return _gemma4(tc)
     if fam == "gemma3_text":
@@ -121,10 +133,10 @@ def _attn_norms(a, i, D, names):
 
 
 def _gemma4(tc) -> Arch:
-    D = _int(tc, "hidden_size", 1536)
-    L = _int(tc, "num_hidden_layers", 35)
-    H = _int(tc, "num_attention_heads", 8)
-    V = _int(tc, "vocab_size", 262144)
+    D = _int(tc, "hidden_size")
+    L = _int(tc, "num_hidden_layers")
+    H = _int(tc, "num_attention_heads")
+    V = _int(tc, "vocab_size")
     I = _int(tc, "intermediate_size", 6144)
     hd = _int(tc, "head_dim", 256)
     ghd = tc.get("global_head_dim", 512)
@@ -200,8 +212,8 @@ def _gemma4(tc) -> Arch:
 
 
 def _gemma3(tc) -> Arch:
-    D = _int(tc, "hidden_size", 1152)
-    L = _int(tc, "num_hidden_layers", 26)
+    D = _int(tc, "hidden_size")
+    L = _int(tc, "num_hidden_layers")
     H = _int(tc, "num_attention_heads", 4)
     V = _int(tc, "vocab_size", 262144)
     I = _int(tc, "intermediate_size", 6912)

@@ -67,6 +67,7 @@ class SafetensorsFile:
     problems: list = field(default_factory=list)
     readable: bool = False  # header parsed (tensors may still be truncated)
     truncated: set = field(default_factory=set)  # tensor names whose data lies past EOF
+    broken: set = field(default_factory=set)  # tensor names whose header entry is unsound
 
     def abs_offset(self, t: RawTensor) -> int:
         return self.data_start + t.begin
@@ -78,6 +79,8 @@ class SafetensorsFile:
         name = os.path.basename(path)
 
         def bad(msg, tensor=None, offset=None, code="bad-header", severity="error"):
+            if tensor is not None and severity == "error" and code == "bad-header":
+                f.broken.add(tensor)
             f.problems.append({"code": code, "severity": severity, "message": f"{name}: {msg}",
                                "tensor": tensor, "offset": offset})
 

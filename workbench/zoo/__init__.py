@@ -38,7 +38,7 @@ BROKEN = {
     "missing-tensor": "missing-tensor",        # a layer's q_proj is gone
     "misnamed": "unexpected-tensor",           # mlp.down_proj stored as mlp.down_prj (+ missing-tensor)
     "unexpected-tensor": "unexpected-tensor",  # an extra tensor no architecture uses
-    "shape-mismatch": "shape-mismatch",        # q_proj stored transposed
+    "shape-mismatch": "shape-mismatch",        # mlp.gate_proj stored transposed (quantized: a row short)
     "dtype-mismatch": "dtype-mismatch",        # a norm weight stored as int32
     "quantization-mismatch": "quantization-mismatch",  # one module packed with other bits than config says
     "duplicate-tensor": "duplicate-tensor",    # one tensor in two shards
@@ -394,14 +394,14 @@ def _break_entries(entries: dict, broken, lm, L1, a):
     if "unexpected-tensor" in broken:
         entries[lm(f"layers.{L1}.self_attn.attn_logit_bias")] = _to_entry(np.zeros((4,), np.float32))
     if "shape-mismatch" in broken:
-        k = lm(f"layers.{L1}.self_attn.o_proj.weight")
+        k = lm(f"layers.{L1}.mlp.gate_proj.weight")
         dt, shp, data = entries[k]
         if dt != "U32":
             arr = np.frombuffer(data, {"BF16": np.uint16, "F16": np.uint16, "F32": np.float32}[dt]).reshape(shp)
             arr = arr.T.copy()
             entries[k] = (dt, arr.shape, arr.tobytes())
-        else:  # quantized: drop a column of the packed weight
-            arr = np.frombuffer(data, np.uint32).reshape(shp)[:, :-1].copy()
+        else:  # quantized: drop the last output row of the packed weight
+            arr = np.frombuffer(data, np.uint32).reshape(shp)[:-1].copy()
             entries[k] = ("U32", arr.shape, arr.tobytes())
     if "dtype-mismatch" in broken:
         k = lm(f"layers.{L1}.input_layernorm.weight")

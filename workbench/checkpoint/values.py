@@ -1,0 +1,212 @@
+"""Streaming value statistics: bounded memory, per-element counts.
+
+Every tensor is read sequentially in chunks (``chunk_bytes``); quantized weights are
+dequantized group by group (rows of the packed weight with the matching rows of scales
+and biases).  Per tensor: min, max, mean, std, absmax, NaN / +Inf / -Inf counts and the
+zero fraction.  NaN and Inf counts are counted element by element; min / max / mean /
+std cover the finite elements.
+"""
+from __future__ import annotations
+
+import math
+import os
+import threading
+import queue
+
+import numpy as np
+
+from workbench.checkpoint.sfile import DTYPE_BITS
+
+CHUNK_BYTES = 1 << 20  # small enough for the cache: several passes over a chunk stay cheap
+
+_BF16 = {"BF16"}
+_INT = {"U8": np.uint8, "I8": np.int8, "U16": np.uint16, "I16": np.int16, "U32": np.uint32,
+        "I32": np.int32, "U64": np.uint64, "I64": np.int64, "BOOL": np.bool_}
+_FLT = {"F16": np.float16, "F32": np.float32, "F64": np.float64}
+
+
+class Stats:
+    """Running statistics (Chan's parallel mean / M2)."""
+
+    __slots__ = ("n", "nan", "posinf", "neginf", "zeros", "min", "max", "mean", "m2", "finite")
+
+    def __init__(self):
+        self.n = self.nan = self.posinf = self.neginf = self.zeros = self.finite = 0
+        self.min = math.inf
+        self.max = -math.inf
+        self.mean = 0.0
+        self.m2 = 0.0
+
+    def add(self, x: np.ndarray):
+        """x: 1-D float32/float64 (or integer) array."""
+        n = x.size
+        if n == 0:
+            return
+        self.n += n
+        if x.dtype.kind == "f":
+            nonfinite = n - int(np.count_nonzero(np.isfinite(x)))
+            if nonfinite:
+                nan = int(np.count_nonzero(np.isnan(x)))
+                pinf = int(np.count_nonzero(x == np.inf))
+                self.nan += nan
+                self.posinf += pinf
+                self.neginf += nonfinite - nan - pinf
+                x = x[np.isfinite(x)]
+                if x.size == 0:
+                    return
+        m = x.size
+        self.zeros += m - int(np.count_nonzero(x))
+        lo, hi = x.min(), x.max()
+        self.min = min(self.min, float(lo))
+        self.max = max(self.max, float(hi))
+        if x.dtype.kind == "f" and x.dtype != np.float64:
+            s = float(np.sum(x, dtype=np.float64)) if x.dtype != np.float32 else float(np.add.reduce(x))
+            mu = s / m
+            d = x - np.float32(mu)
+            m2 = float(np.dot(d, d))
+        else:
+            xf = x.astype(np.float64)
+            mu = float(xf.mean())
+            m2 = float(((xf - mu) ** 2).sum())
+        if self.finite == 0:
+            self.mean, self.m2 = mu, m2
+        else:
+            tot = self.finite + m
+            delta = mu - self.mean
+            self.mean += delta * m / tot
+            self.m2 += m2 + delta * delta * self.finite * m / tot
+        self.finite += m
+
+    def to_dict(self) -> dict:
+        fin = self.finite
+        return {
+            "min": self.min if fin else None, "max": self.max if fin else None,
+            "mean": self.mean if fin else None, "std": math.sqrt(self.m2 / fin) if fin else None,
+            "absmax": max(abs(self.min), abs(self.max)) if fin else None,
+            "nan": self.nan, "posinf": self.posinf, "neginf": self.neginf,
+            "zero_fraction": (self.zeros / self.n) if self.n else 0.0, "count": self.n,
+        }
+
+
+def _bf16_to_f32(u: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    w = np.empty(u.size * 2, np.uint16) if out is None or out.size < u.size * 2 else out[: u.size * 2]
+    w[0::2] = 0
+    w[1::2] = u
+    return w.view(np.float32)
+
+
+def _lut_e8m0() -> np.ndarray:
+    """MX scales (E8M0: a biased power of two) -> float32; 255 is NaN."""
+    x = np.ldexp(np.float64(1), np.arange(256) - 127)
+    x[255] = np.nan
+    x = x.astype(np.float32)
+    return x
+
+
+def _lut_e4m3() -> np.ndarray:
+    """FP8 E4M3 (nvfp4 scales) -> float32; S.1111.111 is NaN, no infinities."""
+    u = np.arange(256)
+    sign = np.where(u & 0x80, -1.0, 1.0)
+    e = (u >> 3) & 0xF
+    m = u & 0x7
+    v = np.where(e == 0, m / 8.0 * 2.0 ** -6, (1 + m / 8.0) * 2.0 ** (e - 7.0)) * sign
+    v = v.astype(np.float32)
+    v[(u & 0x7F) == 0x7F] = np.nan
+    return v
+
+
+LUT = {"E8M0": _lut_e8m0(), "E4M3": _lut_e4m3()}
+
+
+def to_float(raw: bytes | memoryview, dtype: str, scratch=None) -> np.ndarray:
+    if dtype in _BF16:
+        return _bf16_to_f32(np.frombuffer(raw, np.uint16), scratch)
+    if dtype in _FLT:
+        a = np.frombuffer(raw, _FLT[dtype])
+        return a if dtype != "F16" else a.astype(np.float32)
+    if dtype in ("F8_E8M0", "E8M0"):
+        return LUT["E8M0"][np.frombuffer(raw, np.uint8)]
+    if dtype in ("F8_E4M3", "E4M3"):
+        return LUT["E4M3"][np.frombuffer(raw, np.uint8)]
+    if dtype in _INT:
+        return np.frombuffer(raw, _INT[dtype])
+    raise ValueError(f"dtype {dtype} not supported by --values")
+
+
+class ChunkReader:
+    """Sequential chunked reads of byte ranges of one file, prefetched by a thread
+    (numpy releases the GIL, so reading and statistics overlap)."""
+
+    def __init__(self, path: str, chunk: int = CHUNK_BYTES, depth: int = 4):
+        self.path, self.chunk, self.depth = path, chunk, depth
+
+    def ranges(self, spans):
+        """spans: list of (key, start, length) in file order -> yields (key, bytes) chunks,
+        then (key, None) at the end of each span."""
+        q: queue.Queue = queue.Queue(self.depth)
+        stop = threading.Event()
+
+        def work():
+            try:
+                with open(self.path, "rb", buffering=0) as f:
+                    for key, start, length in spans:
+                        f.seek(start)
+                        left = length
+                        while left > 0 and not stop.is_set():
+                            b = f.read(min(self.chunk, left))
+                            if not b:
+                                raise EOFError(f"unexpected end of file at byte {start + length - left}")
+                            left -= len(b)
+                            q.put((key, b))
+                        q.put((key, None))
+                q.put(StopIteration)
+            except BaseException as e:  # noqa: BLE001 - handed to the consumer
+                q.put(e)
+
+        t = threading.Thread(target=work, daemon=True)
+        t.start()
+        try:
+            while True:
+                item = q.get()
+                if item is StopIteration:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()
+            while t.is_alive():
+                try:
+                    q.get_nowait()
+                except queue.Empty:
+                    t.join(0.01)
+
+
+def pread(path: str, offset: int, n: int) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.pread(fd, n, offset)
+    finally:
+        os.close(fd)
+
+
+def dequant_rows(wbytes: bytes, sbytes: bytes, bbytes: bytes | None, rows: int, packed: int, ngroups: int,
+                 spec, sdtype: str) -> np.ndarray:
+    """Dequantize ``rows`` rows of a packed weight (groups along the last axis)."""
+    import mlx.core as mx
+
+    w = mx.array(np.frombuffer(wbytes, np.uint32).reshape(rows, packed))
+    if sdtype == "U8":
+        s = mx.array(np.frombuffer(sbytes, np.uint8).reshape(rows, ngroups))
+        out = mx.dequantize(w, s, None, group_size=spec.group_size, bits=spec.bits, mode=spec.mode)
+    else:
+        def fl(b):
+            a = to_float(b, sdtype)
+            return mx.array(np.ascontiguousarray(a).reshape(rows, ngroups))
+        out = mx.dequantize(w, fl(sbytes), fl(bbytes) if bbytes is not None else None,
+                            group_size=spec.group_size, bits=spec.bits, mode="affine")
+    return np.array(out.astype(mx.float32)).reshape(-1)
+
+
+def row_bytes(dtype: str, shape) -> int:
+    return (shape[-1] * DTYPE_BITS[dtype] + 7) // 8 if shape else (DTYPE_BITS[dtype] + 7) // 8
