@@ -16,3 +16,22 @@ def load(path, dtype=None):
     from workbench.models import load as _load
 
     return _load(path, dtype=dtype)
+
+
+def inspect(path, values=False, **kw):
+    """Check a checkpoint against its config (see workbench.checkpoint.inspect): returns a
+    Report with ``.ok``, ``.problems`` and ``.to_dict()`` (the ``--json`` document)."""
+    from workbench.checkpoint.inspect import inspect as _inspect
+
+    return _inspect(path, values=values, **kw)
+
+
+def __getattr__(name):
+    # lazy: ``workbench.trace(model, ...)`` (the workbench.trace package is callable) and
+    # ``workbench.generate(model, prompt, ...)``, without importing the tracer up front
+    if name in ("trace", "generate"):
+        import importlib
+
+        mod = importlib.import_module("workbench.trace")
+        return mod if name == "trace" else mod.generate
+    raise AttributeError(f"module 'workbench' has no attribute {name!r}")

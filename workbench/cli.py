@@ -16,6 +16,7 @@ import workbench  # noqa: F401  (fast BLAS before mlx.core)
 
 #: command name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
+    "inspect": ("workbench.checkpoint.cli", "check a checkpoint against its config: missing/misnamed tensors, shapes, quantization, files"),
     "hazards": ("workbench.buffers.cli", "check a recorded dispatch schedule for buffer aliasing hazards"),
     "lab": ("workbench.lab", "open JupyterLab on the workbench notebooks"),
     "dump": ("workbench.diff.cli_dump", "write the reference's activations (float32, by op name) to safetensors"),
