@@ -433,6 +433,16 @@ class Builder:
             return o.transpose(0, 2, 1, 3).reshape(B, T, -1)
         return self.op(name, "attend", fn, [p, v], num_heads=n_heads, head_dim=head_dim, **attrs)
 
+    def lm_head(self, x: str, tie: bool = True) -> str:
+        """``lm_head``: the checkpoint's lm_head when it has one, else the tied embeddings
+        (``embed_tokens`` as a linear; attrs ``tied=True``)."""
+        if self.has("lm_head.weight"):
+            return self.linear("lm_head", x, tied=False)
+        if not tie:
+            raise ValueError("checkpoint is missing tensor 'lm_head.weight' (config.json says "
+                             "tie_word_embeddings is false)")
+        return self.linear("lm_head", x, path="embed_tokens", tied=True)
+
     def identity(self, name: str, x: str, kind: str = "output", **attrs) -> str:
         return self.op(name, kind, lambda ctx, x: x, [x], **attrs)
 

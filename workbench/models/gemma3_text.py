@@ -120,7 +120,6 @@ def build(cfg: Config, b: Builder):
         r = b.rmsnorm(f"{L}.post_feedforward_layernorm", mlp(b, i, h), eps, plus_one=True)
         x = residual(b, L, x, r)
     x = b.rmsnorm("norm", x, eps, plus_one=True)
-    tied = not b.has("lm_head.weight")
-    x = b.linear("lm_head", x, path="embed_tokens" if tied else "lm_head", tied=tied)
+    x = b.lm_head(x, tie=True)
     b.identity("logits", x)
     return b.program(["input_ids", "rope_offset", "attn_mask", "attn_mask_sliding"])

@@ -276,8 +276,7 @@ def build(cfg: Config, b: Builder):
     for i in range(cfg.num_hidden_layers):
         x = layer(b, cfg, i, x, pli, rope)
     x = b.rmsnorm("norm", x, cfg.rms_norm_eps)
-    tied = not b.has("lm_head.weight")
-    x = b.linear("lm_head", x, path="embed_tokens" if tied else "lm_head", tied=tied)
+    x = b.lm_head(x, tie=cfg.tie_word_embeddings)
     cap = cfg.final_logit_softcapping
     if cap:
         b.op("logits", "softcap", lambda ctx, x: softcap(x, cap), [x], cap=cap)

@@ -93,7 +93,6 @@ def build(cfg: Config, b: Builder):
         h = b.rmsnorm(f"layers.{i}.post_attention_layernorm", x, cfg.rms_norm_eps)
         x = b.add(f"layers.{i}", x, mlp(b, i, h))
     x = b.rmsnorm("norm", x, cfg.rms_norm_eps)
-    tied = not b.has("lm_head.weight")
-    x = b.linear("lm_head", x, path="embed_tokens" if tied else "lm_head", tied=tied)
+    x = b.lm_head(x, tie=cfg.tie_word_embeddings)
     b.identity("logits", x)
     return b.program(["input_ids", "rope_offset", *windows(cfg)])
