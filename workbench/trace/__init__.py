@@ -1,0 +1,34 @@
+"""Tracing: step through a model's op program, capture every value, hunt NaN.
+
+    import workbench
+    model = workbench.load("path/to/checkpoint")
+    t = workbench.trace(model, "the cat sat", capture="stats", dtype="float16")
+    t.step(); t.run(until="layers.2"); t.back()
+    t.stats("layers.1.mlp.down_proj"); t.first_nonfinite()
+
+See docs/trace.md.  ``workbench.trace`` is the module and is also callable:
+``workbench.trace(model, ...)`` is :func:`workbench.trace.trace`.
+"""
+import sys as _sys
+import types as _types
+
+from workbench.trace.generate import Generation, generate
+from workbench.trace.hunt import CAUSES, Finding, HuntResult, diagnose, hunt
+from workbench.trace.interventions import Intervention, inject, patch, replace, zero_head
+from workbench.trace.stats import KEYS as STATS_KEYS
+from workbench.trace.store import ValueStore
+from workbench.trace.tracer import NONFINITE, Step, Trace, TraceError, prepare_ids, trace
+
+__all__ = ["trace", "Trace", "Step", "TraceError", "NONFINITE", "generate", "Generation", "hunt", "HuntResult",
+           "Finding", "diagnose", "CAUSES", "Intervention", "patch", "replace", "zero_head", "inject",
+           "ValueStore", "STATS_KEYS", "prepare_ids"]
+
+
+class _CallableModule(_types.ModuleType):
+    """Lets ``workbench.trace(model, ...)`` work although ``workbench.trace`` is a package."""
+
+    def __call__(self, *args, **kwargs):
+        return trace(*args, **kwargs)
+
+
+_sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,114 @@
+"""Find the first op whose output holds NaN or Inf, and why.
+
+    workbench hunt PATH (--prompt TEXT | --ids 1,2,3) [--dtype float16|bfloat16|float32] [--json]
+
+Runs the checkpoint's forward op by op with statistics of every op, stops at the first
+op with a NaN, +Inf or -Inf element (counted per element) and names its cause:
+overflow, invalid, nonfinite-weight or nonfinite-input.  Exit status: 1 found, 0 clean,
+2 unusable input.  ``--json`` prints
+``{"first_nonfinite": {"op", "layer", "cause", "nan", "posinf", "neginf", ...} | null,
+"ops_checked": int}``.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+
+def add_arguments(p):
+    p.add_argument("path", help="checkpoint directory (config.json + safetensors)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="text to run (needs the checkpoint's tokenizer.json)")
+    src.add_argument("--ids", help="comma-separated token ids, e.g. 2,15,16")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                   help="compute dtype (default: the checkpoint's storage dtype)")
+    p.add_argument("--top", type=int, default=5, help="ops closest to overflow to list (default 5)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _parse_ids(text: str) -> list[int]:
+    from workbench.cli import UsageError
+
+    parts = [p.strip() for p in text.replace(" ", ",").split(",") if p.strip()]
+    if not parts:
+        raise UsageError("--ids is empty: give comma-separated token ids, e.g. --ids 2,15,16")
+    out = []
+    for p in parts:
+        try:
+            v = int(p)
+        except ValueError:
+            raise UsageError(f"--ids: {p!r} is not an integer token id") from None
+        if v < 0:
+            raise UsageError(f"--ids: token id {v} is negative")
+        out.append(v)
+    return out
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}" if math.isfinite(v) else str(v)
+    return str(v)
+
+
+def run(args) -> int:
+    import workbench
+    from workbench.cli import UsageError
+    from workbench.trace.hunt import hunt
+
+    try:
+        model = workbench.load(args.path)
+    except Exception as e:  # any failure to open is unusable input, reported in one line
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UsageError(f"cannot load {args.path}: {msg}") from None
+    if args.prompt is not None:
+        if getattr(model, "tokenizer", None) is None:
+            raise UsageError(f"{args.path} has no tokenizer.json: pass --ids instead of --prompt")
+        ids = model.encode(args.prompt)
+        if not ids:
+            raise UsageError("the prompt encodes to no tokens")
+    else:
+        ids = _parse_ids(args.ids)
+    vocab = getattr(model, "vocab_size", None)
+    if vocab is not None:
+        bad = [i for i in ids if i >= vocab]
+        if bad:
+            raise UsageError(f"token id {bad[0]} is out of range for a vocabulary of {vocab}")
+    try:
+        result = hunt(model, ids, dtype=args.dtype)
+    except (ValueError, KeyError) as e:
+        raise UsageError(str(e)) from None
+    report = result.report
+    if args.json:
+        print(json.dumps(report, indent=2, allow_nan=False, default=str))
+        return 1 if result.found else 0
+
+    t = result.trace
+    dt = str(t.dtype).replace("mlx.core.", "")
+    f = result.finding
+    if f is None:
+        print(f"clean: no NaN or Inf in any of {report['ops_checked']} ops ({dt}, {len(ids)} tokens)")
+        rows = t.headroom(args.top)
+        if rows:
+            print("closest to overflow (absmax / largest finite value):")
+            for name, h in rows:
+                print(f"  {h:10.3g}  {name}")
+        return 0
+    where = f"layer {f.layer}, " if f.layer is not None else ""
+    print(f"first non-finite op: {f.op} ({where}{f.kind}, op {f.index} of {len(t.ops)})")
+    print(f"  cause: {f.cause}")
+    print(f"  {f.detail}")
+    print(f"  output {list(f.shape)} {f.dtype}: nan {f.nan}, +inf {f.posinf}, -inf {f.neginf} of {f.size} elements")
+    for d in f.inputs:
+        print(f"  input  {d['name']}: {d['dtype']} {d['shape']} absmax {_fmt(d.get('absmax'))}"
+              f"  nan {d['nan']} +inf {d['posinf']} -inf {d['neginf']}")
+    for d in f.weights:
+        print(f"  tensor {d['name']}: {d['dtype']} {d['shape']} absmax {_fmt(d.get('absmax'))}"
+              f"  nan {d['nan']} +inf {d['posinf']} -inf {d['neginf']}")
+    if f.closest_before:
+        print("  closest to overflow before it:")
+        for name, h in f.closest_before:
+            print(f"    {h:10.3g}  {name}")
+    print(f"checked {report['ops_checked']} of {len(t.ops)} ops ({dt})")
+    return 1

@@ -1,0 +1,198 @@
+"""The NaN hunt: the first op whose output holds a non-finite element, and why.
+
+Causes, decided in this order for the first non-finite op:
+
+``injected``          an intervention of the trace put it there (the op's own output,
+                      recomputed without the intervention, is finite) — for teaching;
+``nonfinite-input``   one of the op's inputs already holds NaN / Inf (a program input:
+                      ids are fine, but embeddings or audio features fed in may not be);
+``nonfinite-weight``  a weight, scale or bias the op reads is NaN / Inf in the checkpoint,
+                      or is finite in storage but past the compute dtype's range (a
+                      bfloat16 weight of 1e5 becomes Inf in float16);
+``overflow``          inputs and weights finite, and the result is past the dtype's
+                      range: the same op recomputed in float32 on the same inputs is
+                      finite (its absmax is reported), or the output holds an infinity;
+``invalid``           inputs and weights finite, the output holds NaN but no infinity,
+                      and float32 does not help: an invalid operation (inf - inf, 0/0,
+                      sqrt of a negative ...) inside the op.
+
+Counts are per element (NaN, +Inf, -Inf separately). Every float op also gets a
+headroom (absmax / the dtype's largest finite value), so ops close to overflow show
+before they overflow.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+
+from workbench.trace import stats as _stats
+
+CAUSES = ("injected", "nonfinite-input", "nonfinite-weight", "overflow", "invalid")
+
+
+@dataclass
+class Finding:
+    op: str
+    layer: int | None
+    kind: str
+    index: int
+    cause: str
+    nan: int
+    posinf: int
+    neginf: int
+    size: int
+    shape: tuple
+    dtype: str
+    detail: str
+    inputs: list = field(default_factory=list)
+    weights: list = field(default_factory=list)
+    float32_absmax: float | None = None
+    closest_before: list = field(default_factory=list)
+    step: Any = field(default=None, repr=False)
+
+    def to_dict(self) -> dict:
+        d = {"op": self.op, "layer": self.layer, "cause": self.cause, "nan": self.nan,
+             "posinf": self.posinf, "neginf": self.neginf, "kind": self.kind, "index": self.index,
+             "size": self.size, "shape": list(self.shape), "dtype": self.dtype, "detail": self.detail,
+             "inputs": self.inputs, "weights": self.weights, "float32_absmax": self.float32_absmax,
+             "closest_before": [{"op": n, "headroom": h} for n, h in self.closest_before]}
+        return _stats.jsonable(d)
+
+    def __str__(self) -> str:
+        where = f"layer {self.layer}, " if self.layer is not None else ""
+        return (f"{self.op} ({where}{self.kind}, op {self.index}): {self.cause} — nan {self.nan}, "
+                f"+inf {self.posinf}, -inf {self.neginf} of {self.size} ({self.dtype}). {self.detail}")
+
+
+def _absmax(x: mx.array) -> float:
+    if x.size == 0:
+        return 0.0
+    fin = mx.isfinite(x) if mx.issubdtype(x.dtype, mx.floating) else None
+    a = mx.abs(x.astype(mx.float32))
+    if fin is not None:
+        a = mx.where(fin, a, 0)
+    return float(a.max().item())
+
+
+def _tensor_info(name: str, x: mx.array, compute_max: float | None) -> dict:
+    nan, pinf, ninf = _stats.nonfinite_counts(x)
+    info = {"name": name, "dtype": str(x.dtype).replace("mlx.core.", ""), "shape": list(x.shape),
+            "nan": nan, "posinf": pinf, "neginf": ninf}
+    if mx.issubdtype(x.dtype, mx.floating):
+        am = _absmax(x)
+        info["absmax"] = am
+        if compute_max is not None:
+            info["out_of_range"] = am > compute_max
+    return info
+
+
+def diagnose(trace, step) -> Finding:
+    """Why op ``step`` (the first non-finite one) went non-finite."""
+    i = step.index
+    op = trace.program.ops[i]
+    st = step.stats
+    dmax = _stats.dtype_max(trace.dtype) if trace.dtype is not None else None
+    dname = str(trace.dtype).replace("mlx.core.", "") if trace.dtype is not None else step.dtype
+
+    vals, _ = trace._input_values(i)
+    inputs = [_tensor_info(n, v, None) for n, v in zip(op.inputs, vals)]
+    for d in inputs:
+        d.pop("out_of_range", None)
+    weights = [_tensor_info(n, w, dmax) for n, w in trace.op_tensors(op.name).items()]
+    for w in weights:  # packed quantized weights are integers: only float tensors can overflow
+        w.setdefault("out_of_range", False)
+    closest = [(n, h) for n, h in trace.headroom() if trace.program.index(n) < i][:5]
+
+    f = Finding(op=op.name, layer=op.layer, kind=op.kind, index=i, cause="", nan=st["nan"],
+                posinf=st["posinf"], neginf=st["neginf"], size=math.prod(step.output_shape),
+                shape=step.output_shape, dtype=step.dtype, detail="", inputs=inputs, weights=weights,
+                closest_before=closest, step=step)
+
+    bad_in = [d for d in inputs if d["nan"] or d["posinf"] or d["neginf"]]
+    bad_w = [d for d in weights if d["nan"] or d["posinf"] or d["neginf"]]
+    range_w = [d for d in weights if d.get("out_of_range")]
+
+    if step.intervened:
+        raw = trace.recompute(op.name)
+        if sum(_stats.nonfinite_counts(raw)) == 0:
+            f.cause = "injected"
+            f.detail = (f"the op's own output is finite; the intervention(s) {', '.join(step.intervened)} "
+                        "made it non-finite")
+            return f
+    if bad_in:
+        f.cause = "nonfinite-input"
+        f.detail = "input " + "; ".join(f"{d['name']} has nan {d['nan']}, +inf {d['posinf']}, -inf {d['neginf']}"
+                                        for d in bad_in)
+        return f
+    if bad_w:
+        f.cause = "nonfinite-weight"
+        f.detail = "checkpoint tensor " + "; ".join(
+            f"{d['name']} has nan {d['nan']}, +inf {d['posinf']}, -inf {d['neginf']}" for d in bad_w)
+        return f
+    if range_w:
+        f.cause = "nonfinite-weight"
+        f.detail = "checkpoint tensor " + "; ".join(
+            f"{d['name']} ({d['dtype']}) has absmax {d['absmax']:.6g}, past {dname}'s largest finite value "
+            f"{dmax:.6g}: it is infinite once cast" for d in range_w)
+        return f
+
+    f32 = None
+    if trace.dtype is not None and trace.dtype != mx.float32:
+        try:
+            y = trace.recompute(op.name, dtype=mx.float32)
+            counts = _stats.nonfinite_counts(y)
+            f32 = (counts, _absmax(y))
+        except Exception as e:  # the float32 check is an extra; its absence is reported
+            f32 = None
+            f.detail = f"(float32 recompute failed: {e}) "
+    if f32 is not None and sum(f32[0]) == 0:
+        f.cause = "overflow"
+        f.float32_absmax = f32[1]
+        where = ("its result" if f32[1] > (dmax or math.inf) else "an intermediate value inside the op")
+        f.detail += (f"inputs and weights are finite; recomputed in float32 the op is finite with absmax "
+                     f"{f32[1]:.6g}, so {where} passes {dname}'s largest finite value {dmax:.6g}")
+        return f
+    if f32 is not None:
+        f.float32_absmax = f32[1]
+    if st["posinf"] or st["neginf"]:
+        f.cause = "overflow"
+        f.detail += (f"inputs and weights are finite and the result is past {dname}'s range "
+                     f"(+inf {st['posinf']}, -inf {st['neginf']})"
+                     + (" even in float32" if f32 is not None else ""))
+        return f
+    f.cause = "invalid"
+    f.detail += ("inputs and weights are finite, the output holds NaN and no infinity"
+                 + (", in float32 too" if f32 is not None else "")
+                 + ": an invalid operation inside the op (inf - inf, 0/0, sqrt of a negative ...)")
+    return f
+
+
+@dataclass
+class HuntResult:
+    """``report``: the JSON of ``workbench hunt``; ``finding``: the :class:`Finding` (or
+    None); ``trace``: the trace, stopped at the first non-finite op (or done)."""
+
+    report: dict
+    finding: Finding | None
+    trace: Any = field(repr=False)
+
+    @property
+    def found(self) -> bool:
+        return self.finding is not None
+
+
+def hunt(model, ids_or_text, dtype=None, **trace_kwargs) -> HuntResult:
+    """Run a forward with statistics of every op and find the first non-finite op.
+
+    ``report`` is ``{"first_nonfinite": {op, layer, cause, nan, posinf, neginf, ...} | None,
+    "ops_checked": int}``.
+    """
+    from workbench.trace.tracer import trace as _trace
+
+    t = _trace(model, ids_or_text, capture="stats", dtype=dtype, **trace_kwargs)
+    found = t.first_nonfinite()
+    report = {"first_nonfinite": found.to_dict() if found else None, "ops_checked": t.position}
+    return HuntResult(report, found, t)

@@ -1,0 +1,160 @@
+"""Cheap per-op statistics, computed lazily on the device and evaluated in batches.
+
+For every captured op the trace builds one small lazy array (:func:`packed`) holding
+min, max, sum and sum of squares of the output (in float32) and its number of exact
+zeros.  Nothing is evaluated per op: the trace evaluates the packed arrays of many ops
+with one ``mx.eval`` (:func:`finish`).
+
+Non-finite elements are counted per element (``isnan``, ``isposinf``, ``isneginf``),
+never inferred from a sum.  The float32 sum only decides *which* ops need counting: a
+NaN or an infinity anywhere in a tensor makes its sum NaN or infinite, so an op whose
+sum is finite holds no non-finite element and its counts are exactly zero.  The ops
+whose sum is not finite (in a healthy forward: none) get a second, exact pass that
+counts NaN, +Inf and -Inf separately and recomputes min / max / mean / std over the
+finite elements only.
+
+Mask fill: attention scores hold the dtype's lowest finite value at masked positions
+(so they vanish in the softmax without an infinity).  Such elements are counted under
+``masked`` and left out of min / max / mean / std / absmax / headroom, which would
+otherwise all say "at the edge of the range".  (An op whose min is exactly that value
+gets the exact pass; a genuine activation saturating at exactly -max is counted as
+mask fill, the only approximation here.)
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import mlx.core as mx
+import numpy as np
+
+#: keys of every stats dict, in display order
+KEYS = ("min", "max", "mean", "std", "absmax", "nan", "posinf", "neginf", "zero_frac", "headroom", "masked")
+
+_FMAX = {mx.float16: float(mx.finfo(mx.float16).max), mx.bfloat16: float(mx.finfo(mx.bfloat16).max),
+         mx.float32: float(mx.finfo(mx.float32).max)}
+
+
+def dtype_max(dtype) -> float | None:
+    """Largest finite value of a floating dtype (None for integer / bool dtypes)."""
+    if dtype in _FMAX:
+        return _FMAX[dtype]
+    if mx.issubdtype(dtype, mx.floating):
+        return float(mx.finfo(dtype).max)
+    return None
+
+
+def _rows(x: mx.array) -> mx.array:
+    """x as a 2-D float32 array whose column reductions are fast on every backend."""
+    n = x.size
+    r = 32 if n % 32 == 0 and n >= 1024 else (8 if n % 8 == 0 and n >= 256 else 1)
+    if x.dtype != mx.float32:
+        x = x.astype(mx.float32)
+    return x.reshape(r, n // r)
+
+
+def packed(x: mx.array) -> mx.array | None:
+    """Lazy float32 [5]: min, max, sum, sum of squares, number of zeros (None if empty)."""
+    if x.size == 0:
+        return None
+    f = _rows(x)
+    return mx.stack([f.min(axis=0).min(), f.max(axis=0).max(), f.sum(axis=0).sum(),
+                     mx.square(f).sum(axis=0).sum(), (f == 0).sum(axis=0).sum().astype(mx.float32)])
+
+
+def exact(x: mx.array) -> mx.array:
+    """Lazy float32 [8]: #NaN, #+Inf, #-Inf, min, max, sum, sum of squares over the finite
+    elements that are not mask fill, and #mask fill (elements equal to the dtype's lowest
+    finite value).  The second pass, for the few ops :func:`needs_exact` picks."""
+    f = _rows(x)
+    nan = mx.isnan(f)
+    pinf = mx.isposinf(f)
+    ninf = mx.isneginf(f)
+    fin = mx.isfinite(f)
+    dmax = dtype_max(x.dtype)
+    fill = (f == -dmax) if dmax is not None else mx.zeros(f.shape, mx.bool_)
+    ok = fin & ~fill
+    z = mx.zeros_like(f)
+    c = lambda b: b.sum(axis=0).sum().astype(mx.float32)  # noqa: E731
+    return mx.stack([c(nan), c(pinf), c(ninf),
+                     mx.where(ok, f, mx.inf).min(), mx.where(ok, f, -mx.inf).max(),
+                     mx.where(ok, f, z).sum(), mx.where(ok, mx.square(f), z).sum(), c(fill)])
+
+
+def needs_exact(p: np.ndarray, dtype=None) -> bool:
+    """Whether a packed row needs the exact pass: its min, max or sum is not finite (so
+    it may hold NaN / Inf), or its min is the dtype's lowest finite value (mask fill,
+    as in attention scores, which must not count as "close to overflow")."""
+    if not (math.isfinite(p[0]) and math.isfinite(p[1]) and math.isfinite(p[2])):
+        return True
+    dmax = dtype_max(dtype) if dtype is not None else None
+    return dmax is not None and p[0] == -dmax
+
+
+def finish(p: np.ndarray | None, n: int, dtype, e: np.ndarray | None = None) -> dict:
+    """The stats dict from a packed row (and the exact row when one was needed)."""
+    if p is None or n == 0:
+        return {k: (0 if k in ("nan", "posinf", "neginf", "masked") else None) for k in KEYS}
+    zeros = float(p[4])
+    masked = 0
+    if e is None:
+        nan = pinf = ninf = 0
+        mn, mxv, s, ss, cnt = float(p[0]), float(p[1]), float(p[2]), float(p[3]), n
+    else:
+        nan, pinf, ninf, masked = int(e[0]), int(e[1]), int(e[2]), int(e[7])
+        cnt = n - nan - pinf - ninf - masked
+        mn, mxv, s, ss = float(e[3]), float(e[4]), float(e[5]), float(e[6])
+    if cnt > 0:
+        mean = s / cnt
+        var = max(ss / cnt - mean * mean, 0.0)
+        std = math.sqrt(var)
+        absmax = max(abs(mn), abs(mxv))
+    else:
+        mean = std = absmax = float("nan")
+        mn = mxv = float("nan")
+    dmax = dtype_max(dtype)
+    if pinf or ninf:
+        headroom = float("inf")
+    elif dmax is None or not math.isfinite(absmax):
+        headroom = None
+    else:
+        headroom = absmax / dmax
+    return {"min": mn, "max": mxv, "mean": mean, "std": std, "absmax": absmax,
+            "nan": nan, "posinf": pinf, "neginf": ninf, "zero_frac": zeros / n, "headroom": headroom,
+            "masked": masked}
+
+
+def compute(values: Sequence[mx.array]) -> list[dict]:
+    """Stats dicts of several arrays with (at most) two evaluations in all."""
+    ps = [packed(v) for v in values]
+    live = [p for p in ps if p is not None]
+    if live:
+        mx.eval(live)
+    rows = [None if p is None else np.array(p) for p in ps]
+    ex_idx = [i for i, r in enumerate(rows) if r is not None and needs_exact(r, values[i].dtype)]
+    exs = {}
+    if ex_idx:
+        arrs = [exact(values[i]) for i in ex_idx]
+        mx.eval(arrs)
+        exs = {i: np.array(a) for i, a in zip(ex_idx, arrs)}
+    return [finish(rows[i], values[i].size, values[i].dtype, exs.get(i)) for i in range(len(values))]
+
+
+def nonfinite_counts(x: mx.array) -> tuple[int, int, int]:
+    """(#NaN, #+Inf, #-Inf) of one array, counted per element (0s for integer arrays)."""
+    if not mx.issubdtype(x.dtype, mx.floating) or x.size == 0:
+        return 0, 0, 0
+    c = mx.stack([mx.isnan(x).sum(), mx.isposinf(x).sum(), mx.isneginf(x).sum()])
+    a, b, d = (int(v) for v in np.array(c))
+    return a, b, d
+
+
+def jsonable(v):
+    """Stats values for JSON: non-finite floats become None (the counts tell the story)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [jsonable(x) for x in v]
+    return v

@@ -1,0 +1,695 @@
+"""The Trace: run an op program one step at a time, see every value, stop where it matters.
+
+A :class:`Trace` is a generic stepper over ``(Program, ctx, feeds)``: it does not know
+how its steps were produced (our model programs today; mlx-lm module calls later), only
+that op ``i`` is ``op.fn(ctx, *values of op.inputs)``.  On top of the plain executor it
+adds:
+
+* stepping (``step``, ``run(until=)``, ``back``) with a record (:class:`Step`) per op;
+* capture: ``"stats"`` (cheap statistics of every op), ``"full"`` (every value, kept
+  within a memory budget, spilled to safetensors beyond it), a list of name patterns
+  (statistics of every op, values of the matching ones) or ``None`` (nothing: the
+  uncaptured fast path);
+* breakpoints by name pattern, by predicate on the :class:`Step`, and on non-finite;
+* interventions (:mod:`workbench.trace.interventions`);
+* the NaN hunt (:meth:`Trace.first_nonfinite`, see :mod:`workbench.trace.hunt`).
+
+Statistics are lazy: each op adds a tiny lazy reduction to the graph and the trace
+evaluates many of them with one ``mx.eval`` (at the end of ``run()``, or whenever the
+values waiting for evaluation pass ``flush_bytes``).  Breakpoints that need statistics
+are found after such an evaluation; the trace then rewinds to the op that hit
+(re-executing lazily from the start of the batch, which costs no evaluation).
+"""
+from __future__ import annotations
+
+import copy
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from workbench.program import Program, name_matches
+from workbench.trace import stats as _stats
+from workbench.trace.interventions import Intervention, normalize as _norm_iv
+from workbench.trace.store import ValueStore
+
+#: the breakpoint that stops at the first op with a NaN or an infinity in its output
+NONFINITE = "nonfinite"
+
+_UNDO_DEPTH = 32
+
+
+@dataclass
+class Step:
+    """What one executed op did."""
+
+    name: str
+    kind: str
+    layer: int | None
+    index: int
+    input_shapes: tuple
+    output_shape: tuple
+    dtype: str
+    stats: dict | None = None
+    intervened: tuple = ()
+
+    @property
+    def nonfinite(self) -> bool:
+        s = self.stats
+        return bool(s and (s["nan"] or s["posinf"] or s["neginf"]))
+
+    def to_dict(self) -> dict:
+        return {"index": self.index, "name": self.name, "kind": self.kind, "layer": self.layer,
+                "input_shapes": [list(s) for s in self.input_shapes], "output_shape": list(self.output_shape),
+                "dtype": self.dtype, "stats": _stats.jsonable(self.stats) if self.stats else None,
+                "intervened": list(self.intervened)}
+
+    def __repr__(self) -> str:
+        s = self.stats
+        extra = ""
+        if s:
+            bad = f" nan={s['nan']} +inf={s['posinf']} -inf={s['neginf']}" if self.nonfinite else ""
+            hr = s.get("headroom")
+            extra = (f" absmax={_fmt(s['absmax'])} mean={_fmt(s['mean'])} std={_fmt(s['std'])}"
+                     f"{'' if hr is None else f' headroom={_fmt(hr)}'}{bad}")
+        iv = f" [{'; '.join(self.intervened)}]" if self.intervened else ""
+        return f"<Step {self.index} {self.name} ({self.kind}) {list(self.output_shape)} {self.dtype}{extra}{iv}>"
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _dtype_str(d) -> str:
+    return str(d).replace("mlx.core.", "")
+
+
+# --------------------------------------------------------------------------- cache snapshots
+# A cache is any object the ops mutate through ctx.cache (attributes rebound, lists
+# updated). A snapshot copies its attribute dict one level deep; arrays are immutable
+# values and are shared, so snapshots are cheap.
+
+def _snap(cache):
+    if cache is None:
+        return None
+    if isinstance(cache, (list, tuple)):
+        return [(c, _snap_dict(c)) for c in cache]
+    return [(cache, _snap_dict(cache))]
+
+
+def _snap_dict(obj) -> dict:
+    return {k: (copy.copy(v) if isinstance(v, (list, dict)) else v) for k, v in vars(obj).items()}
+
+
+def _restore(snap) -> None:
+    if snap is None:
+        return
+    for obj, d in snap:
+        vars(obj).clear()
+        vars(obj).update(_snap_dict_from(d))
+
+
+def _snap_dict_from(d: dict) -> dict:
+    return {k: (copy.copy(v) if isinstance(v, (list, dict)) else v) for k, v in d.items()}
+
+
+def _clone(snap):
+    """A new cache object (or list) in the snapshot's state; the live cache is untouched."""
+    if snap is None:
+        return None
+    out = []
+    for obj, d in snap:
+        c = copy.copy(obj)
+        vars(c).clear()
+        vars(c).update(_snap_dict_from(d))
+        out.append(c)
+    return out if len(out) != 1 else out[0]
+
+
+class TraceError(RuntimeError):
+    """A trace cannot do what was asked (clear message, no library traceback needed)."""
+
+
+class Trace:
+    """Step through ``program`` in ``ctx`` on ``feeds``.
+
+    Parameters
+    ----------
+    capture: ``"stats"`` | ``"full"`` | list of name patterns | ``None``.
+    breakpoints: name patterns, predicates ``f(step) -> bool``, or ``NONFINITE``.
+    interventions: :class:`Intervention`\\ s, or a dict ``{pattern: fn}``.
+    context: ``f(dtype, cache) -> ctx`` making a fresh context (needed to recompute an
+        op in float32 for the NaN hunt, and to replay when going back over a cache op).
+    tensors: ``f(op_name) -> {name: array}``, the checkpoint tensors an op reads (the
+        hunt checks them for non-finite values).
+    memory_budget: bytes of captured values kept in memory before spilling to disk.
+    flush_bytes: evaluate pending statistics once the waiting values pass this size.
+    """
+
+    def __init__(self, program: Program, ctx: Any, feeds: Mapping[str, mx.array], *,
+                 capture="stats", breakpoints=None, interventions=None,
+                 context: Callable | None = None, tensors: Callable | None = None,
+                 memory_budget: int | None = None, spill_dir: str | None = None,
+                 flush_bytes: int = 512 * 2**20, store: ValueStore | None = None,
+                 key_prefix: str = "", model: Any = None):
+        missing = [n for n in program.inputs if n not in feeds]
+        if missing:
+            raise TraceError(f"feeds lack program input(s) {', '.join(missing)}")
+        self.program = program
+        self.ctx = ctx
+        self.model = model
+        self._feeds = dict(feeds)
+        self._context = context
+        self._tensors = tensors
+        self.flush_bytes = int(flush_bytes)
+        self._ops = program.ops
+        self._last_use = program.last_use()
+        self._last_name = program.ops[-1].name
+        self._store = store if store is not None else ValueStore(memory_budget, spill_dir)
+        self._prefix = key_prefix
+        self._set_capture(capture)
+        self.breakpoints: list = []
+        for b in ([breakpoints] if (isinstance(breakpoints, str) or callable(breakpoints)) else (breakpoints or [])):
+            self.add_breakpoint(b)
+        self._interventions: list[Intervention] = []
+        self._iv_by_op: dict[str, list[Intervention]] = {}
+        for iv in _norm_iv(interventions):
+            self.add_intervention(iv)
+        self._cache0 = _snap(getattr(ctx, "cache", None))
+        self._reset_state()
+
+    # ------------------------------------------------------------------ setup
+    def _set_capture(self, capture):
+        if capture is None or capture == "none":
+            self.capture, self._stats_on, self._keep = None, False, frozenset()
+        elif capture == "stats":
+            self.capture, self._stats_on, self._keep = "stats", True, frozenset()
+        elif capture == "full":
+            self.capture, self._stats_on, self._keep = "full", True, frozenset(self.program.names)
+        else:
+            pats = [capture] if isinstance(capture, str) else list(capture)
+            names = self.program.match(pats)
+            if not names:
+                raise TraceError(f"capture patterns {pats} match no op of this program")
+            self.capture, self._stats_on, self._keep = pats, True, frozenset(names)
+
+    def _reset_state(self):
+        self._env: dict[str, mx.array] = dict(self._feeds)
+        self._steps: list[Step] = []
+        self._undo: OrderedDict[int, dict] = OrderedDict()
+        self._pending: list = []
+        self._pending_bytes = 0
+        self.position = 0
+
+    def add_breakpoint(self, bp) -> None:
+        """A name pattern (glob / ``re:``), a predicate ``f(step) -> bool``, or ``NONFINITE``."""
+        if isinstance(bp, str):
+            if bp != NONFINITE and not self.program.match(bp):
+                raise TraceError(f"breakpoint {bp!r} matches no op of this program")
+        elif not callable(bp):
+            raise TypeError(f"a breakpoint is a name pattern, a predicate or NONFINITE, not {bp!r}")
+        self.breakpoints.append(bp)
+
+    def clear_breakpoints(self) -> None:
+        self.breakpoints.clear()
+
+    def add_intervention(self, iv: Intervention) -> None:
+        """Applies to ops executed from now on (use a new trace to change past ones)."""
+        names = self.program.match(iv.pattern)
+        if not names:
+            raise TraceError(f"intervention {iv.label!r} matches no op of this program")
+        self._interventions.append(iv)
+        for n in names:
+            self._iv_by_op.setdefault(n, []).append(iv)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def ops(self) -> list[str]:
+        return self.program.names
+
+    @property
+    def done(self) -> bool:
+        return self.position >= len(self._ops)
+
+    @property
+    def steps(self) -> list[Step]:
+        """The executed steps, in order."""
+        return list(self._steps)
+
+    @property
+    def dtype(self):
+        return getattr(self.ctx, "dtype", None)
+
+    @property
+    def store(self) -> ValueStore:
+        return self._store
+
+    def __len__(self) -> int:
+        return len(self._ops)
+
+    def __repr__(self) -> str:
+        cap = self.capture if not isinstance(self.capture, list) else f"patterns {self.capture}"
+        return (f"<Trace {self.position}/{len(self._ops)} ops, capture={cap}, "
+                f"dtype={_dtype_str(self.dtype) if self.dtype is not None else '?'}>")
+
+    # ------------------------------------------------------------------ execution core
+    def _exec(self, i: int, record: bool = True) -> Step | None:
+        op = self._ops[i]
+        env = self._env
+        try:
+            args = [env[s] for s in op.inputs]
+        except KeyError as e:  # pragma: no cover - guarded by Program invariants
+            raise TraceError(f"op {op.name!r} needs {e.args[0]!r}, which is not available") from None
+        out = op.fn(self.ctx, *args)
+        labels = ()
+        ivs = self._iv_by_op.get(op.name)
+        if ivs:
+            for iv in ivs:
+                out = iv.apply(out, op)
+            labels = tuple(iv.label for iv in ivs)
+        env[op.name] = out
+        freed = {}
+        lu = self._last_use
+        for s in op.inputs:
+            if lu.get(s) == i and s not in self._feeds and s in env:
+                freed[s] = env.pop(s)
+        self._undo[i] = freed
+        while len(self._undo) > _UNDO_DEPTH:
+            self._undo.popitem(last=False)
+        self.position = i + 1
+        if not record:
+            return None
+        step = Step(op.name, op.kind, op.layer, i, tuple(tuple(a.shape) for a in args),
+                    tuple(out.shape), _dtype_str(out.dtype), None, labels)
+        self._steps.append(step)
+        keep = op.name in self._keep
+        if self._stats_on or keep:
+            self._pending.append((step, out, keep))
+            self._pending_bytes += out.nbytes
+        return step
+
+    def _flush(self) -> None:
+        """Evaluate every pending statistic (and captured value) with one evaluation."""
+        pend = self._pending
+        if not pend:
+            return
+        self._pending = []
+        self._pending_bytes = 0
+        if self._stats_on:
+            ps = [_stats.packed(v) for _, v, _ in pend]
+            mx.eval([p for p in ps if p is not None] + [v for _, v, k in pend if k])
+            rows = [None if p is None else np.array(p) for p in ps]
+            need = [j for j, r in enumerate(rows) if r is not None and _stats.needs_exact(r, pend[j][1].dtype)]
+            exs = {}
+            if need:
+                arrs = [_stats.exact(pend[j][1]) for j in need]
+                mx.eval(arrs)
+                exs = {j: np.array(a) for j, a in zip(need, arrs)}
+            for j, (step, v, _) in enumerate(pend):
+                step.stats = _stats.finish(rows[j], v.size, v.dtype, exs.get(j))
+        else:
+            mx.eval([v for _, v, k in pend if k])
+        for step, v, keep in pend:
+            if keep:
+                self._store.put(self._prefix + step.name, v)
+
+    def _hit(self, step: Step) -> bool:
+        for bp in self.breakpoints:
+            if isinstance(bp, str):
+                if bp == NONFINITE:
+                    if step.nonfinite:
+                        return True
+                elif name_matches(step.name, bp):
+                    return True
+            elif bp(step):
+                return True
+        return False
+
+    def _needs_stats_for_breaks(self) -> bool:
+        return any(not isinstance(b, str) or b == NONFINITE for b in self.breakpoints)
+
+    # ------------------------------------------------------------------ stepping API
+    def step(self) -> Step:
+        """Run the next op, evaluate it, and return its :class:`Step`."""
+        if self.done:
+            raise TraceError("the trace is done (every op ran); use back() or a new trace")
+        step = self._exec(self.position)
+        self._flush()
+        if not self._stats_on and step.name not in self._keep:
+            mx.eval(self._env[step.name])
+        return step
+
+    def run(self, until: str | None = None) -> Step | None:
+        """Run to the end, or through the op named ``until``, stopping early at a breakpoint.
+
+        Returns the :class:`Step` it stopped at (the last one run), or None if nothing ran.
+        """
+        n = len(self._ops)
+        end = n
+        if until is not None:
+            idx = self.program.index(until)
+            if idx < self.position:
+                raise TraceError(f"op {until!r} already ran (it is op {idx}; the trace is at {self.position}); "
+                                 "use back() or a new trace")
+            end = idx + 1
+        spec = self._needs_stats_for_breaks()
+        if spec and not self._stats_on:
+            self._stats_on = True  # predicates and NONFINITE need statistics
+        name_bps = [b for b in self.breakpoints if isinstance(b, str) and b != NONFINITE]
+        last = None
+        while self.position < end:
+            start = self.position
+            snap = (dict(self._env), _snap(getattr(self.ctx, "cache", None))) if spec else None
+            name_stop = None
+            while self.position < end:
+                step = self._exec(self.position)
+                last = step
+                if name_bps and any(name_matches(step.name, b) for b in name_bps):
+                    name_stop = step
+                    break
+                if self._pending_bytes >= self.flush_bytes:
+                    break
+            self._flush()
+            if spec:
+                for s in self._steps[start:]:
+                    if self._hit(s):
+                        if s.index < self.position - 1:
+                            self._rewind(snap, start, s.index)
+                        return s
+            if name_stop is not None:
+                return name_stop
+        if self.done:
+            mx.eval(self._env[self._last_name])
+        return last
+
+    def _rewind(self, snap, start: int, hit: int) -> None:
+        """Back to just after op ``hit`` (ops start..hit re-executed lazily, stats kept)."""
+        for s in self._steps[hit + 1:]:
+            self._store.remove(self._prefix + s.name)
+        del self._steps[hit + 1:]
+        env, cache = snap
+        self._env = dict(env)
+        _restore(cache)
+        for j in [k for k in self._undo if k >= start]:
+            del self._undo[j]
+        for j in range(start, hit + 1):
+            self._exec(j, record=False)
+
+    def back(self) -> Step | None:
+        """Undo the last step; returns the step now last run (None at the start)."""
+        if self.position == 0:
+            return None
+        self._flush()
+        i = self.position - 1
+        op = self._ops[i]
+        has_cache = getattr(self.ctx, "cache", None) is not None
+        if i in self._undo and not has_cache:
+            self._env.pop(op.name, None)
+            self._env.update(self._undo.pop(i))
+            self.position = i
+        else:
+            self._replay_to(i)
+        s = self._steps.pop()
+        self._store.remove(self._prefix + s.name)
+        return self._steps[-1] if self._steps else None
+
+    def _replay_to(self, i: int) -> None:
+        """Rebuild the live values as they were before op ``i`` (lazily, from the feeds)."""
+        _restore(self._cache0)
+        self._env = dict(self._feeds)
+        self._undo.clear()
+        for j in range(i):
+            self._exec(j, record=False)
+        self.position = i
+
+    def reset(self) -> None:
+        """Back to the start (captured values dropped)."""
+        for s in self._steps:
+            self._store.remove(self._prefix + s.name)
+        _restore(self._cache0)
+        self._reset_state()
+
+    # ------------------------------------------------------------------ values
+    def _check_name(self, name: str) -> int:
+        try:
+            return self.program.index(name)
+        except KeyError:
+            raise KeyError(f"no op named {name!r} in this program (see trace.ops)") from None
+
+    def value(self, name: str) -> mx.array:
+        """The output of op ``name`` (captured, or still live in the running program)."""
+        if name in self._feeds:
+            return self._feeds[name]
+        idx = self._check_name(name)
+        if idx >= self.position:
+            raise KeyError(f"op {name!r} has not run yet (it is op {idx}; the trace is at {self.position})")
+        self._flush()
+        key = self._prefix + name
+        if key in self._store:
+            return self._store.get(key)
+        v = self._env.get(name)
+        if v is not None:
+            return v
+        for rec in self._undo.values():
+            if name in rec:
+                return rec[name]
+        raise KeyError(f"the value of {name!r} was not captured (capture={self.capture!r}); "
+                       f"trace with capture='full' or a pattern matching it")
+
+    def stats(self, name: str) -> dict:
+        """min, max, mean, std, absmax, nan, posinf, neginf, zero_frac, headroom of an op's output."""
+        idx = self._check_name(name)
+        if idx >= self.position:
+            raise KeyError(f"op {name!r} has not run yet (it is op {idx}; the trace is at {self.position})")
+        self._flush()
+        st = self._step_of(idx)
+        if st.stats is None:
+            st.stats = _stats.compute([self.value(name)])[0]
+        return dict(st.stats)
+
+    def _step_of(self, idx: int) -> Step:
+        s = self._steps[idx]
+        assert s.index == idx
+        return s
+
+    def step_info(self, name: str) -> Step:
+        idx = self._check_name(name)
+        if idx >= self.position:
+            raise KeyError(f"op {name!r} has not run yet")
+        self._flush()
+        return self._step_of(idx)
+
+    @property
+    def logits(self) -> mx.array:
+        """Logits: [T, vocab] for one sequence, [B, T, vocab] for a batch."""
+        if not self.done:
+            raise TraceError(f"the trace has not reached {self._last_name!r} yet (op {self.position} of "
+                             f"{len(self._ops)}); call run()")
+        v = self.value(self._last_name)
+        if not getattr(self, "batched", True) and v.ndim == 3 and v.shape[0] == 1:
+            return v[0]
+        return v
+
+    def records(self) -> list[dict]:
+        """One JSON-able dict per executed step (for tables, plots and widgets)."""
+        self._flush()
+        return [s.to_dict() for s in self._steps]
+
+    def headroom(self, top: int | None = None) -> list[tuple[str, float]]:
+        """(op, absmax / dtype max) of executed float ops, closest to overflow first."""
+        self._flush()
+        rows = [(s.name, s.stats["headroom"]) for s in self._steps
+                if s.stats and s.stats.get("headroom") is not None]
+        rows.sort(key=lambda r: -r[1])
+        return rows[:top] if top else rows
+
+    # ------------------------------------------------------------------ NaN hunt
+    def first_nonfinite(self):
+        """The first op whose output holds a NaN or an infinity, with its cause
+        (a :class:`~workbench.trace.hunt.Finding`), or None when the forward is clean.
+
+        Looks at the ops run so far; if none is non-finite and the trace is not done, runs
+        on (statistics on) until the first non-finite op or the end.
+        """
+        from workbench.trace.hunt import diagnose
+
+        self._flush()
+        for s in self._steps:
+            if s.stats is None:
+                s.stats = _stats.compute([self.value(s.name)])[0] if self._has_value(s.name) else None
+            if s.nonfinite:
+                return diagnose(self, s)
+        if self.done:
+            return None
+        saved_bps, saved_stats = list(self.breakpoints), self._stats_on
+        self.breakpoints = [NONFINITE]
+        self._stats_on = True
+        try:
+            s = self.run()
+        finally:
+            self.breakpoints = saved_bps
+            self._stats_on = saved_stats
+        if s is not None and s.nonfinite:
+            return diagnose(self, s)
+        return None
+
+    def _has_value(self, name: str) -> bool:
+        try:
+            self.value(name)
+            return True
+        except KeyError:
+            return False
+
+    # ------------------------------------------------------------------ recomputation (hunt)
+    def _input_values(self, i: int) -> tuple[list[mx.array], Any]:
+        """Values of op ``i``'s inputs as the trace saw them, and a cache in its state just
+        before op ``i`` (a clone; None without a cache).  Uses live / captured values when
+        it can, else replays the program from the feeds in a scratch context."""
+        op = self._ops[i]
+        has_cache = getattr(self.ctx, "cache", None) is not None
+        vals = []
+        if not has_cache and i < self.position:
+            for s in op.inputs:
+                v = self._feeds.get(s)
+                if v is None:
+                    try:
+                        v = self.value(s)
+                    except KeyError:
+                        vals = None
+                        break
+                vals.append(v)
+            if vals is not None:
+                return vals, None
+        if self._context is None:
+            raise TraceError("cannot recompute this op: the trace was made without a context factory")
+        cache = _clone(self._cache0)
+        ctx = self._context(self.dtype, cache)
+        env = dict(self._feeds)
+        for j in range(i):
+            o = self._ops[j]
+            out = o.fn(ctx, *[env[s] for s in o.inputs])
+            for iv in self._iv_by_op.get(o.name, ()):
+                out = iv.apply(out, o)
+            env[o.name] = out
+            for s in o.inputs:
+                if self._last_use.get(s) == j and s not in self._feeds and s not in op.inputs:
+                    env.pop(s, None)
+        return [env[s] for s in op.inputs], cache
+
+    def recompute(self, name: str, dtype=None, interventions: bool = False) -> mx.array:
+        """Run op ``name`` again on the inputs the trace gave it, optionally in another
+        dtype (floating inputs are cast to it) and without its interventions."""
+        i = self._check_name(name)
+        op = self._ops[i]
+        vals, cache = self._input_values(i)
+        if dtype is None:
+            dtype = self.dtype
+        if self._context is not None:
+            ctx = self._context(dtype, cache)
+        elif dtype == self.dtype:
+            ctx = self.ctx
+        else:
+            raise TraceError("cannot recompute in another dtype: the trace was made without a context factory")
+        vals = [v.astype(dtype) if (dtype is not None and mx.issubdtype(v.dtype, mx.floating)) else v
+                for v in vals]
+        out = op.fn(ctx, *vals)
+        if interventions:
+            for iv in self._iv_by_op.get(op.name, ()):
+                out = iv.apply(out, op)
+        return out
+
+    def op_tensors(self, name: str) -> dict:
+        """Checkpoint tensors op ``name`` reads (empty when the trace has no tensors source)."""
+        if self._tensors is None:
+            return {}
+        return dict(self._tensors(name))
+
+
+# --------------------------------------------------------------------------- model-level entry
+
+def _parse_dtype(dtype):
+    if dtype is None or isinstance(dtype, mx.Dtype):
+        return dtype
+    from workbench.models.base import parse_dtype
+    return parse_dtype(dtype)
+
+
+def prepare_ids(model, ids_or_text, pad_id: int | None = None):
+    """(ids [B, T] int32, attention_mask [B, T] or None, batched) from text, token ids, or
+    lists of either (left padded with ``pad_id``, default the config's pad_token_id or 0)."""
+    x = ids_or_text
+    if isinstance(x, np.ndarray):
+        x = mx.array(x)
+    if isinstance(x, str):
+        seqs, batched = [model.encode(x)], False
+    elif isinstance(x, mx.array):
+        if x.ndim == 1:
+            seqs, batched = [x.tolist()], False
+        elif x.ndim == 2:
+            seqs, batched = x.tolist(), True
+        else:
+            raise ValueError(f"token ids must be [T] or [B, T], got shape {tuple(x.shape)}")
+    elif isinstance(x, (list, tuple)):
+        if len(x) == 0:
+            raise ValueError("no tokens to run")
+        if all(isinstance(e, str) for e in x):
+            seqs, batched = [model.encode(s) for s in x], True
+        elif all(isinstance(e, (int, np.integer)) for e in x):
+            seqs, batched = [list(x)], False
+        elif all(isinstance(e, (list, tuple, mx.array, np.ndarray)) for e in x):
+            seqs = [list(e.tolist() if hasattr(e, "tolist") else e) for e in x]
+            batched = True
+        else:
+            raise ValueError("pass a string, a list of token ids, or a list of strings / id lists")
+    else:
+        raise ValueError(f"cannot run {type(x).__name__}: pass text or token ids")
+    for s in seqs:
+        if len(s) == 0:
+            raise ValueError("an empty sequence (the text encodes to no tokens)")
+    T = max(len(s) for s in seqs)
+    if pad_id is None:
+        cfg = getattr(model, "config", None) or {}
+        pad_id = cfg.get("pad_token_id") if isinstance(cfg, Mapping) else None
+        pad_id = 0 if pad_id is None else int(pad_id)
+    if all(len(s) == T for s in seqs):
+        return mx.array(seqs, dtype=mx.int32), None, batched
+    ids = [[pad_id] * (T - len(s)) + list(s) for s in seqs]
+    mask = [[0] * (T - len(s)) + [1] * len(s) for s in seqs]
+    return mx.array(ids, dtype=mx.int32), mx.array(mask, dtype=mx.bool_), batched
+
+
+def trace(model, ids_or_text, capture="stats", dtype=None, breakpoints=None, interventions=None, *,
+          cache=None, attention_mask=None, pad_id: int | None = None, memory_budget: int | None = None,
+          spill_dir: str | None = None, flush_bytes: int = 512 * 2**20, store: ValueStore | None = None,
+          key_prefix: str = "") -> Trace:
+    """A :class:`Trace` of ``model`` on text, token ids, or a batch of either.
+
+    capture: ``"stats"`` (default) | ``"full"`` | [name patterns] | None.
+    dtype: compute dtype (``"float32"``, ``"bfloat16"``, ``"float16"``) whatever the
+    storage dtype; None uses the model's default.
+    Batches are left padded and masked; ``.logits`` is then [B, T, vocab].
+    """
+    ids, mask, batched = prepare_ids(model, ids_or_text, pad_id)
+    if attention_mask is not None:
+        mask = attention_mask if isinstance(attention_mask, mx.array) else mx.array(attention_mask)
+    dt = _parse_dtype(dtype)
+    feeds = model.feeds(ids, attention_mask=mask, cache=cache)
+    ctx = model.context(dt, cache=cache)
+
+    def context(d, c):
+        return model.context(d, cache=c)
+
+    t = Trace(model.program, ctx, feeds, capture=capture, breakpoints=breakpoints,
+              interventions=interventions, context=context, tensors=model.op_tensors,
+              memory_budget=memory_budget, spill_dir=spill_dir, flush_bytes=flush_bytes,
+              store=store, key_prefix=key_prefix, model=model)
+    t.batched = batched
+    t.ids = ids
+    t.attention_mask = mask
+    return t
