@@ -10,6 +10,7 @@ Every widget writes what it shows through Output widgets' ``append_*`` methods a
 HTML/Image widgets, so tests and nbval can read it without a browser.
 """
 from workbench.widgets.diffview import DiffView
+from workbench.widgets.debugger import StepDebugger
 from workbench.widgets.hazards import HazardTimeline
 
-__all__ = ["DiffView", "HazardTimeline"]
+__all__ = ["DiffView", "HazardTimeline", "StepDebugger"]

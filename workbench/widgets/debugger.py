@@ -1,0 +1,409 @@
+"""StepDebugger: drive a Trace op by op and see every value as it is made.
+
+    tr = workbench.trace(model, "the cat sat", capture="full")
+    StepDebugger(tr)
+
+Buttons: back · step · step over layer (to the residual stream ``layers.{i}`` that ends
+the current layer) · run to an op · next non-finite (stops at the next op whose output
+holds a NaN or an infinity, and explains the first one) · run to the end.
+
+Shown for the current op (the last one run): its name, kind, layer, input and output
+shapes; statistics and the fraction of float16's and bfloat16's range its largest value
+uses (the headroom: close to 100% means about to overflow); a heatmap of the value
+(tokens x channels; non-finite cells bright green); on attention ops, one head's
+attention pattern (pick the head); and the residual-stream norm of every layer so far.
+A log (an Output widget) records every action.
+
+The widget only calls the Trace's public API (``step``, ``run``, ``back``, ``value``,
+``stats``, ``first_nonfinite``) and draws what comes back.  Values are shown when the
+trace has them: use ``capture="full"`` (or patterns) to see every heatmap; with
+``capture="stats"`` only the ops still live are drawn.
+"""
+from __future__ import annotations
+
+import html
+import math
+import re
+import time
+
+import ipywidgets as W
+import numpy as np
+
+from workbench.widgets._render import (BF16_MAX, FP16_MAX, as_2d, fmt, headroom_bar, heatmap_png, shape_str,
+                                       table)
+
+_RESID = re.compile(r"^layers\.(\d+)$")
+_ATTN = re.compile(r"^layers\.(\d+)\.self_attn\.")
+
+CHUNK = 48  # ops per evaluation while running (the progress bar moves between chunks)
+
+
+def _to_numpy(v) -> np.ndarray:
+    if isinstance(v, np.ndarray):
+        return v
+    import mlx.core as mx
+    if v.dtype != mx.float32 and mx.issubdtype(v.dtype, mx.floating):
+        v = v.astype(mx.float32)
+    return np.array(v)
+
+
+class StepDebugger(W.VBox):
+    """Step through a :class:`workbench.trace.Trace` with buttons; see each op's value."""
+
+    def __init__(self, trace, tokens: list[str] | None = None, head: int = 0):
+        self.trace = trace
+        self.tokens = tokens if tokens is not None else self._tokens()
+        self._norms: dict[int, float] = {}  # layer -> RMS token norm of layers.{i}
+        self.last_update_s = 0.0
+
+        b = lambda desc, icon, cls, tip: self._button(desc, icon, cls, tip)  # noqa: E731
+        self.back_button = b("back", "step-backward", "wb-back", "undo the last op")
+        self.step_button = b("step", "step-forward", "wb-step", "run the next op")
+        self.layer_button = b("step over layer", "forward", "wb-step-layer",
+                              "run to the residual stream at the end of the current layer")
+        self.nonfinite_button = b("next non-finite", "exclamation-triangle", "wb-next-nonfinite",
+                                  "run until an op's output holds NaN or Inf")
+        self.end_button = b("run to end", "fast-forward", "wb-run-end", "run every remaining op")
+        self.target = W.Combobox(placeholder="op name, e.g. layers.1.self_attn.softmax",
+                                 options=list(trace.ops), ensure_option=True, layout=W.Layout(width="330px"))
+        self.target.add_class("wb-target")
+        self.run_to_button = b("run to", "play", "wb-run-to", "run through the op named on the left")
+        self.back_button.on_click(lambda _: self.back())
+        self.step_button.on_click(lambda _: self.step())
+        self.layer_button.on_click(lambda _: self.step_layer())
+        self.nonfinite_button.on_click(lambda _: self.next_nonfinite())
+        self.end_button.on_click(lambda _: self.run_to(None))
+        self.run_to_button.on_click(lambda _: self.run_to(self.target.value or None))
+
+        self.progress = W.IntProgress(value=0, min=0, max=len(trace.ops), description="",
+                                      layout=W.Layout(width="100%", height="10px"))
+        self.progress.add_class("wb-progress")
+        self.current = W.HTML()
+        self.current.add_class("wb-current")
+        self.stats_html = W.HTML()
+        self.stats_html.add_class("wb-stats")
+        self.heatmap = W.Image(format="png", layout=W.Layout(max_width="100%"))
+        self.heatmap.add_class("wb-heatmap")
+        self.heatmap_note = W.HTML()
+        self.head = W.BoundedIntText(value=head, min=0, max=max(0, self._num_heads() - 1), description="head",
+                                     layout=W.Layout(width="150px"))
+        self.head.add_class("wb-head")
+        self.head.observe(lambda ch: self._draw_attention(), names="value")
+        self.attention = W.Image(format="png")
+        self.attention.add_class("wb-attention")
+        self.attention_note = W.HTML()
+        self.attention_box = W.VBox([W.HBox([self.head, self.attention_note]), self.attention])
+        self.norms_html = W.HTML()
+        self.norms_html.add_class("wb-residual-norms")
+        self.output = W.Output(layout=W.Layout(max_height="160px", overflow="auto", border="1px solid #ddd"))
+        self.output.add_class("wb-log")
+
+        controls = W.HBox([self.back_button, self.step_button, self.layer_button, self.nonfinite_button,
+                           self.end_button, self.target, self.run_to_button], layout=W.Layout(flex_flow="row wrap"))
+        left = W.VBox([self.stats_html, self.norms_html], layout=W.Layout(width="46%"))
+        right = W.VBox([self.heatmap_note, self.heatmap, self.attention_box], layout=W.Layout(width="54%"))
+        super().__init__([controls, self.progress, self.current, W.HBox([left, right]), self.output])
+        self.add_class("wb-step-debugger")
+        for s in trace.steps:  # a trace that already ran some ops
+            self._note_step(s)
+        self._refresh()
+
+    # ------------------------------------------------------------------ helpers
+    @staticmethod
+    def _button(desc, icon, cls, tip):
+        btn = W.Button(description=desc, icon=icon, tooltip=tip, layout=W.Layout(width="auto"))
+        btn.add_class(cls)
+        return btn
+
+    def _tokens(self):
+        model = getattr(self.trace, "model", None)
+        ids = getattr(self.trace, "ids", None)
+        if model is None or ids is None or getattr(model, "tokenizer", None) is None:
+            return None
+        try:
+            row = ids.tolist()[0] if ids.ndim == 2 else ids.tolist()
+            return [model.decode([i]) for i in row]
+        except Exception:  # a tokenizer that cannot decode single ids: no labels
+            return None
+
+    def _num_heads(self) -> int:
+        model = getattr(self.trace, "model", None)
+        cfg = getattr(model, "config", None) or {}
+        try:
+            return int(cfg.get("num_attention_heads", 1))
+        except (AttributeError, TypeError, ValueError):
+            return 1
+
+    @property
+    def current_step(self):
+        steps = self.trace.steps
+        return steps[-1] if steps else None
+
+    def _say(self, text: str) -> None:
+        self.output.append_stdout(text.rstrip("\n") + "\n")
+
+    def _note_step(self, s) -> None:
+        m = _RESID.match(s.name)
+        if m and s.stats and s.stats.get("std") is not None and s.output_shape:
+            st = s.stats
+            d = s.output_shape[-1]
+            ms = (st["std"] or 0.0) ** 2 + (st["mean"] or 0.0) ** 2
+            self._norms[int(m.group(1))] = math.sqrt(d * ms) if math.isfinite(ms) else float("nan")
+
+    def _busy(self, on: bool) -> None:
+        for btn in (self.back_button, self.step_button, self.layer_button, self.nonfinite_button,
+                    self.end_button, self.run_to_button):
+            btn.disabled = on
+        if not on:
+            tr = self.trace
+            self.step_button.disabled = self.layer_button.disabled = self.end_button.disabled = tr.done
+            self.nonfinite_button.disabled = self.run_to_button.disabled = tr.done
+            self.back_button.disabled = tr.position == 0
+
+    # ------------------------------------------------------------------ actions (also the Python API)
+    def step(self):
+        """Run the next op (the step button)."""
+        if self.trace.done:
+            self._say("the trace is done: every op ran (use back)")
+            return None
+        t0 = time.perf_counter()
+        s = self.trace.step()
+        self._note_step(s)
+        self._say(f"step → #{s.index} {s.name} {shape_str(s.output_shape)}"
+                  + (f" absmax {fmt(s.stats['absmax'], '.4g')}" if s.stats else ""))
+        self._refresh()
+        self.last_update_s = time.perf_counter() - t0
+        return s
+
+    def back(self):
+        """Undo the last op (the back button)."""
+        if self.trace.position == 0:
+            self._say("at the start: nothing to undo")
+            return None
+        name = self.trace.ops[self.trace.position - 1]
+        s = self.trace.back()
+        m = _RESID.match(name)
+        if m:
+            self._norms.pop(int(m.group(1)), None)
+        self._say(f"back ← undid {name}")
+        self._refresh()
+        return s
+
+    def step_layer(self):
+        """Run to the residual stream ``layers.{i}`` closing the layer of the next op."""
+        tr = self.trace
+        if tr.done:
+            self._say("the trace is done")
+            return None
+        nxt = tr.program[tr.position]
+        layer = nxt.layer
+        if layer is None or f"layers.{layer}" not in tr.ops[tr.position:]:
+            return self.step()
+        return self.run_to(f"layers.{layer}")
+
+    def run_to(self, name: str | None):
+        """Run through the op ``name`` (None: to the end), a chunk at a time with progress."""
+        tr = self.trace
+        if tr.done:
+            self._say("the trace is done")
+            return None
+        if name is not None:
+            try:
+                end = tr.program.index(name)
+            except KeyError:
+                self._say(f"no op named {name!r} (pick one from the list)")
+                return None
+            if end < tr.position:
+                self._say(f"{name} already ran (op {end}; the trace is at {tr.position}): use back")
+                return None
+        else:
+            end = len(tr.ops) - 1
+        return self._run(end, stop_nonfinite=False, label=f"run to {tr.ops[end]}")
+
+    def next_nonfinite(self):
+        """Run until an op's output holds a NaN or an infinity; explain the first such op."""
+        tr = self.trace
+        if tr.done:
+            self._say("the trace is done")
+            return None
+        s = self._run(len(tr.ops) - 1, stop_nonfinite=True, label="run to the next non-finite value")
+        if s is not None and s.nonfinite:
+            f = tr.first_nonfinite()
+            if f is not None:
+                self._say(f"first non-finite value of this forward pass: {f}")
+        elif tr.done:
+            self._say("no NaN or Inf anywhere: the forward pass is clean")
+        return s
+
+    def _run(self, end: int, stop_nonfinite: bool, label: str):
+        from workbench.trace import NONFINITE
+
+        tr = self.trace
+        self._busy(True)
+        t0 = time.perf_counter()
+        start = tr.position
+        saved = list(tr.breakpoints)
+        if stop_nonfinite:
+            tr.breakpoints[:] = [NONFINITE]
+        last = None
+        try:
+            while tr.position <= end:
+                stop = min(end, tr.position + CHUNK - 1)
+                n0 = len(tr.steps)
+                s = tr.run(until=tr.ops[stop])
+                for st in tr.steps[n0:]:
+                    self._note_step(st)
+                last = s or last
+                self.progress.value = tr.position
+                if s is not None and (s.index < stop or (stop_nonfinite and s.nonfinite)):
+                    break  # a breakpoint hit
+        finally:
+            tr.breakpoints[:] = saved
+            self._busy(False)
+        ran = tr.position - start
+        why = ""
+        if last is not None and last.index < end:
+            why = " (stopped: non-finite output)" if last.nonfinite else " (stopped at a breakpoint)"
+        self._say(f"{label}: {ran} ops in {time.perf_counter() - t0:.2f} s{why}"
+                  + (f" → #{last.index} {last.name}" if last is not None else ""))
+        self._refresh()
+        return last
+
+    # ------------------------------------------------------------------ drawing
+    def _refresh(self) -> None:
+        tr = self.trace
+        s = self.current_step
+        self.progress.value = tr.position
+        self._busy(False)
+        n = len(tr.ops)
+        if s is None:
+            nxt = tr.program[0]
+            self.current.value = (f"<b>ready</b>: 0 / {n} ops run; next: <code>{html.escape(nxt.name)}</code> "
+                                  f"({html.escape(nxt.kind)})")
+            self.stats_html.value = ""
+            self.heatmap.value = b""
+            self.heatmap_note.value = ""
+            self.attention_box.layout.display = "none"
+            self._draw_norms()
+            return
+        nxt = "" if tr.done else f"; next: <code>{html.escape(tr.ops[tr.position])}</code>"
+        layer = f", layer {s.layer}" if s.layer is not None else ""
+        ins = ", ".join(shape_str(x) for x in s.input_shapes) or "–"
+        bad = " <b style='color:#c00'>non-finite!</b>" if s.nonfinite else ""
+        iv = (f"<br><i>intervened: {html.escape('; '.join(s.intervened))}</i>" if s.intervened else "")
+        self.current.value = (
+            f"<b>op {s.index + 1} / {n}</b>: <code style='font-size:110%'><b>{html.escape(s.name)}</b></code> "
+            f"({html.escape(s.kind)}{layer}){bad}<br>in {ins} → out {shape_str(s.output_shape)} {s.dtype}{nxt}{iv}")
+        self._draw_stats(s)
+        self._draw_value(s)
+        self._draw_attention()
+        self._draw_norms()
+
+    def _draw_stats(self, s) -> None:
+        st = s.stats
+        if st is None:
+            try:
+                st = self.trace.stats(s.name)
+            except KeyError:
+                st = None
+        if not st:
+            self.stats_html.value = "<i>no statistics (capture=None)</i>"
+            return
+        rows = [("min", fmt(st["min"])), ("max", fmt(st["max"])), ("mean", fmt(st["mean"])),
+                ("std", fmt(st["std"])), ("absmax", fmt(st["absmax"])), ("zeros", f"{st['zero_frac']:.1%}")]
+        nf = (st["nan"], st["posinf"], st["neginf"])
+        color = "#c00" if any(nf) else "#393"
+        rows.append(("nan / +inf / −inf", ("html", f"<span style='color:{color}'>{nf[0]} / {nf[1]} / {nf[2]}</span>")))
+        am = st["absmax"]
+        inf = bool(st["posinf"] or st["neginf"])
+        f16 = float("inf") if inf else (am / FP16_MAX if am is not None and math.isfinite(am) else None)
+        b16 = float("inf") if inf else (am / BF16_MAX if am is not None and math.isfinite(am) else None)
+        self.stats_html.value = (table(rows) + "<div style='margin-top:4px'><b>headroom</b> "
+                                 "(absmax / largest finite value)</div>"
+                                 + headroom_bar(f16, "fp16") + "<br>" + headroom_bar(b16, "bf16"))
+
+    def _value(self, name):
+        try:
+            return _to_numpy(self.trace.value(name))
+        except KeyError:
+            return None
+
+    def _draw_value(self, s) -> None:
+        v = self._value(s.name)
+        if v is None:
+            self.heatmap.value = b""
+            self.heatmap_note.value = ("<i>value not kept (trace with capture='full' to see every op's "
+                                       "heatmap)</i>")
+            return
+        if v.dtype.kind not in "fiub" or v.size == 0:
+            self.heatmap.value = b""
+            self.heatmap_note.value = f"<i>{v.dtype} value, not drawn</i>"
+            return
+        a, note = as_2d(v)
+        self.heatmap.value = heatmap_png(a, cmap="RdBu_r", symmetric=True, target_width=560)
+        self.heatmap_note.value = (f"<b>value</b> {shape_str(v.shape)} as {a.shape[0]} rows × {a.shape[1]} "
+                                   f"columns (blue < 0 < red; green = NaN/Inf)" + (f"; {html.escape(note)}" if note else ""))
+
+    def _attention_op(self):
+        """The softmax op of the current op's layer, when on an attention op and it ran."""
+        s = self.current_step
+        if s is None:
+            return None
+        m = _ATTN.match(s.name)
+        if not m:
+            return None
+        name = f"layers.{m.group(1)}.self_attn.softmax"
+        try:
+            idx = self.trace.program.index(name)
+        except KeyError:
+            return None
+        return name if idx < self.trace.position else None
+
+    def _draw_attention(self) -> None:
+        name = self._attention_op()
+        v = self._value(name) if name else None
+        if v is None:
+            self.attention_box.layout.display = "none"
+            self.attention.value = b""
+            return
+        self.attention_box.layout.display = None
+        while v.ndim > 3 and v.shape[0] == 1:
+            v = v[0]
+        if v.ndim == 4:  # a batch: first row
+            v = v[0]
+        heads = v.shape[0] if v.ndim == 3 else 1
+        self.head.max = max(0, heads - 1)
+        h = min(self.head.value, heads - 1)
+        a = v[h] if v.ndim == 3 else v
+        self.attention.value = heatmap_png(a, cmap="viridis", symmetric=False, vmax=1.0, target_width=320)
+        toks = ""
+        if self.tokens and len(self.tokens) == a.shape[0] and a.shape[0] <= 24:
+            toks = "<br>tokens: " + " · ".join(f"<code>{html.escape(t)}</code>" for t in self.tokens)
+        self.attention_note.value = (f"<b>attention pattern</b> of <code>{name}</code>, head {h} of {heads}: "
+                                     f"row = query token, column = key token it attends to (yellow = 1){toks}")
+
+    def _draw_norms(self) -> None:
+        if not self._norms:
+            self.norms_html.value = "<i>residual-stream norms appear here as layers finish</i>"
+            return
+        layers = sorted(self._norms)
+        vals = [self._norms[i] for i in layers]
+        finite = [x for x in vals if math.isfinite(x)]
+        top = max(finite) if finite else 1.0
+        bw, gap, H = 14, 3, 70
+        w = len(layers) * (bw + gap) + 40
+        parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{H + 28}" '
+                 f'style="font-family:monospace;font-size:9px">']
+        for k, (i, x) in enumerate(zip(layers, vals)):
+            xx = 30 + k * (bw + gap)
+            if math.isfinite(x):
+                h = max(1.0, H * x / top) if top > 0 else 1.0
+                parts.append(f'<rect x="{xx}" y="{H - h + 4:.1f}" width="{bw}" height="{h:.1f}" fill="#4a90d9">'
+                             f'<title>layers.{i}: {x:.4g}</title></rect>')
+            else:
+                parts.append(f'<rect x="{xx}" y="4" width="{bw}" height="{H}" fill="#0c0">'
+                             f'<title>layers.{i}: non-finite</title></rect>')
+            parts.append(f'<text x="{xx + bw / 2}" y="{H + 16}" text-anchor="middle">{i}</text>')
+        parts.append(f'<text x="0" y="12">{top:.3g}</text><text x="0" y="{H + 4}">0</text></svg>')
+        self.norms_html.value = ("<b>residual-stream norm</b> after each layer so far (RMS over tokens of "
+                                 "‖x‖)<br>" + "".join(parts))
