@@ -178,3 +178,30 @@ def test_unusable_input_exits_2_with_one_line(ckpt, tmp_path, capsys, args, msg)
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and msg in err and "Traceback" not in err
     assert not (tmp_path / "x.safetensors").exists()
+
+
+def test_noise_floor_calibrates_limits_per_op(tmp_path, capsys):
+    """An engine computing in low precision: limits scale with our own low-precision run's error."""
+    from workbench.diff import run_reference
+    ck = zoo.build("llama", tmp_path / "ll", dtype="float32")
+    model = workbench.load(ck)
+    eng = run_reference(model, ids=IDS, dtype="float16").values  # an honest float16 engine
+    clean = compare(model, eng, ids=IDS, noise_floor="bfloat16")
+    assert clean.first_divergence is None and clean.noise_dtype == "bfloat16"
+    for o in clean.ops:
+        assert o.noise_nmse is not None
+        assert o.limit_nmse == pytest.approx(max(10 * o.noise_nmse, 1e-6))
+    # a 5% scale error in one op: far below the fixed limit (nmse 1e-2), far above bf16 rounding there
+    target = "layers.0.mlp.gate_proj"
+    bad = dict(eng, **{target: eng[target] * 1.05})
+    assert compare(model, bad, ids=IDS, dtype="float32").first_divergence is None
+    r = compare(model, bad, ids=IDS, noise_floor="bfloat16")
+    assert r.first_divergence.op == target and "bfloat16 run" in r.first_divergence.reasons[0]
+    np.savez(tmp_path / "bad.npz", **bad)
+    rc = main(["diff", str(ck), str(tmp_path / "bad.npz"), "--ids", ",".join(map(str, IDS)),
+               "--noise-floor", "bfloat16", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 1 and out["first_divergence"]["op"] == target and out["noise_dtype"] == "bfloat16"
+    rc = main(["diff", str(ck), str(tmp_path / "bad.npz"), "--ids", ",".join(map(str, IDS)),
+               "--noise-floor", "bfloat16", "--dtype", "bfloat16"])
+    assert rc == 2 and "nothing to calibrate" in capsys.readouterr().err

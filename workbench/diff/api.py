@@ -153,17 +153,38 @@ def _rules(rules: Any) -> Rules:
     return compile_rules(rules)
 
 
+def _dtype_name(d) -> str | None:
+    if d is None:
+        return None
+    from workbench.models.base import dtype_name, parse_dtype
+
+    try:
+        return dtype_name(parse_dtype(d))
+    except ValueError as e:
+        raise DiffError(str(e)) from None
+
+
 def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[int] | None = None,
-            rules: Any = None, tolerance: Tolerance | dict | None = None, dtype: str | None = None) -> DiffReport:
+            rules: Any = None, tolerance: Tolerance | dict | None = None, dtype: str | None = None,
+            noise_floor: str | None = None) -> DiffReport:
     """Diff an engine dump against our reference.
 
     ``model``: a checkpoint path, a loaded model, a :class:`Reference`, or the path of a
     reference dump written by :func:`dump` (then no prompt is needed).  ``engine``: a
     dump path (.safetensors, .npz, directory of .npy) or a mapping of arrays.  ``rules``:
     a rules JSON path or a list of ``[regex, replacement]`` pairs.  Only the ops the
-    engine has a tensor for are captured.
+    engine has a tensor for are captured.  ``noise_floor``: the engine's compute dtype
+    ("bfloat16", "float16"): our reference is also run in it and every op is held to a
+    multiple of that run's error instead of fixed limits (the reference itself then runs
+    in float32 unless ``dtype`` says otherwise).
     """
     rules = _rules(rules)
+    noise_floor = _dtype_name(noise_floor)
+    if noise_floor is not None and dtype is None:
+        dtype = "float32"
+    if noise_floor is not None and _dtype_name(dtype) == noise_floor:
+        raise DiffError(f"the noise floor dtype {noise_floor} is the reference's own dtype: nothing to calibrate "
+                        "against (run the reference in float32)")
     if isinstance(engine, Mapping):
         eng, emeta = dict(engine), {}
     else:
@@ -173,18 +194,31 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
     if isinstance(model, (str, os.PathLike)) and is_reference_dump(model):
         model = Reference.load(model)
     if isinstance(model, Reference):
+        noise = None
+        if noise_floor is not None:
+            if not model.model or not os.path.exists(model.model):
+                raise DiffError("a noise floor needs the model: this reference dump does not name a checkpoint "
+                                "that exists here; pass the checkpoint instead")
+            if model.dtype == noise_floor:
+                raise DiffError(f"this reference dump was computed in {noise_floor}, the noise floor's own dtype")
+            matched, _, _ = match_names(eng.keys(), [n for n in model.order if n in model.values], rules)
+            noise = run_reference(model.model, ids=model.ids, ops=list(matched) or None, dtype=noise_floor).values
         return compare_arrays(model.values, eng, order=model.order, rules=rules, tolerance=tolerance,
-                              inputs=model.inputs)
+                              inputs=model.inputs, noise=noise, noise_dtype=noise_floor)
     m = _load_model(model, dtype)
     program = m.program
     if prompt is None and ids is None and readers.META_IDS in emeta:
         ids = json.loads(emeta[readers.META_IDS])
     matched, _, _ = match_names(eng.keys(), program.names, rules)
+    values: dict = {}
+    noise = None
     if matched:
         ref = run_reference(m, prompt=prompt, ids=ids, ops=list(matched), dtype=dtype)
         values = ref.values
+        if noise_floor is not None:
+            noise = run_reference(m, ids=ref.ids, ops=list(matched), dtype=noise_floor).values
     else:
         _ids_for(m, prompt, ids)
-        values = {}
     return compare_arrays(values, eng, order=program.names, rules=rules, tolerance=tolerance,
-                          inputs={op.name: tuple(op.inputs) for op in program.ops})
+                          inputs={op.name: tuple(op.inputs) for op in program.ops}, noise=noise,
+                          noise_dtype=noise_floor)

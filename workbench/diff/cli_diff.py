@@ -24,6 +24,11 @@ def add_arguments(p) -> None:
     p.add_argument("--max-nmse", type=float, default=d.max_nmse,
                    help=f"an op diverges above this MSE / var(reference) (default {d.max_nmse})")
     p.add_argument("--max-abs", type=float, default=None, help="an op diverges above this max abs error (default: off)")
+    p.add_argument("--noise-floor", choices=("bfloat16", "float16"), default=None,
+                   help="the engine's compute dtype: also run our reference in it and hold every op to "
+                        f"--noise-factor x that run's error instead of fixed limits (reference in float32)")
+    p.add_argument("--noise-factor", type=float, default=d.noise_factor,
+                   help=f"multiple of the noise floor an op may reach (default {d.noise_factor:g})")
     p.add_argument("--plot", metavar="FILE.png", help="also save the per-op error curve")
     p.add_argument("--all", action="store_true", help="list every compared op (text output)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -34,10 +39,11 @@ def run(args) -> int:
 
     is_ref = is_reference_dump(args.path)
     ids, prompt = common.parse_input(args, required=not is_ref)
-    tol = Tolerance(min_cosine=args.min_cosine, max_nmse=args.max_nmse, max_abs=args.max_abs)
+    tol = Tolerance(min_cosine=args.min_cosine, max_nmse=args.max_nmse, max_abs=args.max_abs,
+                    noise_factor=args.noise_factor)
     with common.usage_errors():
         report = compare(args.path, args.engine_dump, prompt=prompt, ids=ids, rules=args.map,
-                         tolerance=tol, dtype=args.dtype)
+                         tolerance=tol, dtype=args.dtype, noise_floor=args.noise_floor)
     if report.compared == 0 and report.first_divergence is None:
         hint = ", ".join(f"{n} (closest op: {report.suggestions[n]})" if n in report.suggestions else n
                          for n in report.unmatched_engine[:5])

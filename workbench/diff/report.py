@@ -15,7 +15,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from workbench.diff.layout import LayoutError, reconcile
-from workbench.diff.metrics import Tolerance, diverged, error_metrics
+from workbench.diff.metrics import Tolerance, diverged, error_metrics, noise_limits
 from workbench.diff.naming import Rules, apply_rules, compile_rules
 
 
@@ -68,6 +68,10 @@ class OpDiff:
     nonfinite_engine: dict = field(default_factory=dict)
     masked: int = 0  # attention-mask fill elements left out of the metrics
     reasons: list[str] = field(default_factory=list)
+    limit_nmse: float | None = None  # the limits this op was held to
+    limit_cosine: float | None = None
+    noise_nmse: float | None = None  # our own low-precision run's error here (with a noise floor)
+    noise_cosine: float | None = None
 
     @property
     def compared(self) -> bool:
@@ -85,6 +89,8 @@ class OpDiff:
             "nonfinite_ref": self.nonfinite_ref, "nonfinite_engine": self.nonfinite_engine, "masked": self.masked,
             "shape": list(self.shape), "engine_shape": list(self.engine_shape),
             "layout": self.layout, "reasons": list(self.reasons),
+            "limit_nmse": _num(self.limit_nmse), "limit_cosine": _num(self.limit_cosine),
+            "noise_nmse": _num(self.noise_nmse), "noise_cosine": _num(self.noise_cosine),
         }
 
 
@@ -100,6 +106,7 @@ class DiffReport:
     renamed: dict[str, str] = field(default_factory=dict)  # engine name -> our name, where rules changed it
     suggestions: dict[str, str] = field(default_factory=dict)  # unmatched engine name -> closest op name
     inputs: dict[str, tuple[str, ...]] = field(default_factory=dict)  # op -> the ops it reads (from the program)
+    noise_dtype: str | None = None  # the dtype of the noise-floor run, if the limits were calibrated
 
     @property
     def first_divergence(self) -> OpDiff | None:
@@ -135,6 +142,7 @@ class DiffReport:
             "unmatched_reference": list(self.unmatched_reference),
             "ops": [o.to_dict() for o in self.ops],
             "tolerance": self.tolerance.to_dict(),
+            "noise_dtype": self.noise_dtype,
             "renamed": dict(self.renamed),
             "suggestions": dict(self.suggestions),
         }
@@ -142,7 +150,10 @@ class DiffReport:
     def summary(self, max_ops: int = 40) -> str:
         lines = []
         fd = self.first_divergence
-        if fd is None:
+        if fd is None and self.noise_dtype:
+            lines.append(f"no divergence: {self.compared} ops compared within {self.tolerance.noise_factor:g} x "
+                         f"the error of our own {self.noise_dtype} run")
+        elif fd is None:
             lines.append(f"no divergence: {self.compared} ops compared within tolerance "
                          f"(cosine >= {self.tolerance.min_cosine:g}, nmse <= {self.tolerance.max_nmse:g})")
         else:
@@ -198,14 +209,17 @@ def match_names(engine_names: Iterable[str], ours: Sequence[str], rules: Rules) 
 
 def compare_arrays(reference: Mapping[str, Any], engine: Mapping[str, Any], order: Sequence[str] | None = None,
                    rules: Rules | Iterable[Sequence[str]] | None = None, tolerance: Tolerance | dict | None = None,
-                   inputs: Mapping[str, Sequence[str]] | None = None) -> DiffReport:
+                   inputs: Mapping[str, Sequence[str]] | None = None, noise: Mapping[str, Any] | None = None,
+                   noise_dtype: str | None = None) -> DiffReport:
     """Compare engine activations with ours.
 
     ``reference``: our activations by op name (every op of ``order`` that the engine may
     match); ``engine``: the engine's by its own names; ``order``: our execution order
     (default: the reference's key order); ``rules``: ``[regex, replacement]`` pairs or
     compiled rules; ``inputs``: op -> the ops it reads, to say whether the first
-    divergence's inputs were still fine.
+    divergence's inputs were still fine; ``noise``: our activations computed in the
+    engine's dtype (``noise_dtype``), to hold each op to a multiple of that run's error
+    instead of the fixed limits (see :mod:`workbench.diff.metrics`).
     """
     tol = Tolerance.from_any(tolerance)
     if rules and not isinstance(next(iter(rules))[0], re.Pattern):
@@ -234,7 +248,14 @@ def compare_arrays(reference: Mapping[str, Any], engine: Mapping[str, Any], orde
         m = error_metrics(ref, eng, mask_below=tol.mask_below)
         od.cosine, od.nmse, od.max_abs, od.max_rel = m["cosine"], m["nmse"], m["max_abs"], m["max_rel"]
         od.nonfinite_ref, od.nonfinite_engine, od.masked = m["nonfinite_ref"], m["nonfinite_engine"], m["masked"]
-        od.reasons = diverged(m, tol)
+        nm = None
+        if noise is not None and name in noise:
+            nz = to_numpy(noise[name])
+            if nz.shape == ref.shape:
+                nm = error_metrics(ref, nz, mask_below=tol.mask_below)
+                od.noise_nmse, od.noise_cosine = nm["nmse"], nm["cosine"]
+        od.limit_nmse, od.limit_cosine = noise_limits(nm, tol)
+        od.reasons = diverged(m, tol, nm, noise_dtype)
         od.status = "diverged" if od.reasons else "ok"
         ops.append(od)
     unmatched_reference = [n for n in order if n not in matched]
@@ -245,5 +266,5 @@ def compare_arrays(reference: Mapping[str, Any], engine: Mapping[str, Any], orde
             suggestions[en] = close[0]
     return DiffReport(ops=ops, order=order, unmatched_engine=unmatched_engine,
                       unmatched_reference=unmatched_reference, tolerance=tol, renamed=renamed,
-                      suggestions=suggestions,
+                      suggestions=suggestions, noise_dtype=noise_dtype if noise is not None else None,
                       inputs={k: tuple(v) for k, v in (inputs or {}).items()})

@@ -65,11 +65,19 @@ def error_curve(report: Any, metrics: Sequence[str] = ("nmse", "1-cosine"), titl
     if any(val(o, m) == 0 for o in ops for m in metrics):
         low = min(low, floor / 3)
     ax.set_ylim(low, ymax)
-    if "nmse" in metrics:
-        ax.axhline(tol.max_nmse, color=colors["nmse"], ls=":", lw=1, label=f"nmse tolerance {tol.max_nmse:g}")
-    if "1-cosine" in metrics:
-        ax.axhline(1 - tol.min_cosine, color=colors["1-cosine"], ls=":", lw=1,
-                   label=f"1-cosine tolerance {1 - tol.min_cosine:.3g}")
+    calibrated = getattr(report, "noise_dtype", None)
+    for m, attr, conv in (("nmse", "limit_nmse", lambda v: v), ("1-cosine", "limit_cosine", lambda v: 1 - v)):
+        if m not in metrics:
+            continue
+        if calibrated:
+            lim = np.array([np.nan if getattr(o, attr, None) is None else conv(getattr(o, attr)) for o in ops])
+            ax.step(xs, lim, where="mid", color=colors[m], ls=":", lw=1.2,
+                    label=f"{m} limit ({tol.noise_factor:g} x our {calibrated} run)")
+        elif m == "nmse":
+            ax.axhline(tol.max_nmse, color=colors[m], ls=":", lw=1, label=f"nmse tolerance {tol.max_nmse:g}")
+        else:
+            ax.axhline(1 - tol.min_cosine, color=colors[m], ls=":", lw=1,
+                       label=f"1-cosine tolerance {1 - tol.min_cosine:.3g}")
     bad = [o for o in ops if o.status in ("shape", "ambiguous")]
     if bad:
         ax.plot([o.index for o in bad], [ymax / 2] * len(bad), "x", color="black", ms=7,
