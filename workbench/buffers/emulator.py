@@ -78,6 +78,13 @@ def _from_bytes(raw: np.ndarray, shape: tuple, dt: mx.Dtype) -> mx.array:
     return a.view(mx.bfloat16) if dt == mx.bfloat16 else a
 
 
+def _host(raw: np.ndarray, shape: tuple, dt: mx.Dtype) -> np.ndarray:
+    """Bytes of a value as a numpy array (bfloat16 widened to float32, bit-exactly)."""
+    if dt == mx.bfloat16:
+        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    return raw.view(_np_dtype(dt)).reshape(shape)
+
+
 def role_of(name: str) -> str:
     """The scratch role of a value: ``layers.3.self_attn.q_proj`` -> ``self_attn.q_proj``;
     ``layers.3`` -> ``residual``; top-level names stay as they are."""
@@ -174,9 +181,10 @@ class EmulatorRun:
 
     plan: Plan
     schedule: Schedule
-    logits: np.ndarray
+    logits: np.ndarray                  # read back from the logits slot after the last dispatch
     outputs: dict[str, np.ndarray]      # each op's output as its dispatch wrote it
     reference: dict[str, np.ndarray]    # each op's reference output (program.execute)
+    # (numpy arrays in the value's dtype; bfloat16 values widened to float32 bit-exactly)
     last_op: str
     _hazards: list[Hazard] | None = None
 
@@ -223,7 +231,7 @@ class EmulatorRun:
 
 
 def _as_np(a: mx.array) -> np.ndarray:
-    return _to_bytes(a).view(_np_dtype(a.dtype)).reshape(a.shape).copy()
+    return _host(_to_bytes(a).copy(), tuple(a.shape), a.dtype)
 
 
 class Emulator:
@@ -347,7 +355,7 @@ class Emulator:
             else:
                 self._tiled(op, ctx, read, dest, o0, n_out)
             shape, dt = self.shapes[op.name]
-            outputs[op.name] = dest[o0:o1].copy().view(_np_dtype(dt)).reshape(shape)
+            outputs[op.name] = _host(dest[o0:o1].copy(), shape, dt)
         events.append(Event("commit", cb=0))
         events.append(Event("complete", cb=0))
         used = {e.kernel for e in events if e.type == "dispatch"}
@@ -358,7 +366,7 @@ class Emulator:
         last = prog.ops[-1].name
         shape, dt = self.shapes[last]
         s = plan.slots[last]
-        logits = pool[s.buffer][s.offset: s.offset + self.nbytes[last]].copy().view(_np_dtype(dt)).reshape(shape)
+        logits = _host(pool[s.buffer][s.offset: s.offset + self.nbytes[last]].copy(), shape, dt)
         return EmulatorRun(plan, sch, logits, outputs, self.reference, last)
 
     def _tiled(self, op, ctx, read, dest: np.ndarray, o0: int, n_out: int) -> None:
