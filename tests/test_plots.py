@@ -137,3 +137,19 @@ def test_logit_lens(model, ref, tmp_path):
     assert [t.get_text() for t in ax.get_yticklabels()] == [f"layers.{i}" for i in lens.layers]
     assert sum(1 for p in ax.patches) >= len(IDS)  # the last layer always matches the final prediction
     _png(fig, tmp_path, "lens")
+
+
+def test_plots_take_a_trace(model, ref):
+    tr = workbench.trace(model, IDS, capture="full")
+    tr.run()
+    lens = logit_lens(tr, k=2)  # program, context, values and ids all from the trace
+    assert lens.layers == list(range(model.num_layers))
+    np.testing.assert_array_equal(lens.final_ids, ref.values["logits"][0].argmax(-1))
+    assert len(lens.tokens) == len(IDS)
+    rn = residual_norms(tr)
+    np.testing.assert_allclose(rn.norms, residual_norms(ref.values).norms, rtol=1e-5)
+    np.testing.assert_allclose(rn.embed, np.linalg.norm(ref.values["embed_scale"][0], axis=-1), rtol=1e-5)
+    stats_only = workbench.trace(model, IDS, capture="stats")
+    stats_only.run()
+    with pytest.raises(ValueError, match="capture them"):
+        residual_norms(stats_only)

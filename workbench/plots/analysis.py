@@ -56,7 +56,8 @@ def residual_values(source: Any) -> dict[int, np.ndarray]:
     else:
         raise TypeError(f"expected a mapping of op values, a list of arrays or a Trace, not {type(source).__name__}")
     if not items:
-        raise ValueError("no residual-stream values (ops named layers.{i}) found")
+        raise ValueError("no residual-stream values (ops named layers.{i}) found; capture them "
+                         "(capture='full', or a pattern such as 're:layers\\.\\d+')")
     return {k: _tokens_dim(_np(v)) for k, v in sorted(items.items())}
 
 
@@ -88,6 +89,13 @@ def residual_norms(source: Any, embed: Any = None) -> ResidualNorms:
     norms = np.stack([np.sqrt(np.sum(vals[i].astype(np.float64) ** 2, axis=-1)) for i in layers])
     if embed is None and isinstance(source, Mapping):
         embed = stream_input(source)
+    elif embed is None and hasattr(source, "program") and hasattr(source, "value"):  # a Trace
+        first = next((op for op in source.program.ops if op.name.startswith("layers.0.")), None)
+        if first is not None and first.inputs:
+            try:
+                embed = source.value(first.inputs[0])
+            except (KeyError, LookupError, ValueError):
+                embed = None
     e = None if embed is None else np.sqrt(np.sum(_tokens_dim(_np(embed)).astype(np.float64) ** 2, axis=-1))
     return ResidualNorms(layers=layers, norms=norms, embed=e)
 
@@ -140,17 +148,29 @@ def project(program, ctx: Any, resid, tail=None):
     return env[ops[-1].name] if ops else resid
 
 
-def logit_lens(model: Any, source: Any, positions: Sequence[int] | None = None, k: int = 5,
+def logit_lens(model: Any, source: Any = None, positions: Sequence[int] | None = None, k: int = 5,
                ids: Sequence[int] | None = None, decode: Callable[[int], str] | None = None,
                ctx: Any = None) -> LogitLens:
     """Project every ``layers.{i}`` value of ``source`` (a Trace or mapping) through the model's tail.
 
-    ``model`` supplies ``program`` (and ``ctx`` unless given); ``positions`` default to the
-    last 8 tokens; ``decode`` maps a token id to text (default: the model's tokenizer,
-    if it has one).
+    ``logit_lens(trace)`` takes everything from a Trace (program, context, values, ids);
+    otherwise ``model`` supplies ``program`` (and ``ctx`` unless given).  ``positions``
+    default to the last 8 tokens; ``decode`` maps a token id to text (default: the
+    model's tokenizer, if it has one).
     """
     import mlx.core as mx
 
+    if source is None and hasattr(model, "value") and hasattr(model, "program"):  # a Trace
+        trace = model
+        source, ctx = trace, ctx if ctx is not None else getattr(trace, "ctx", None)
+        if ids is None:
+            try:
+                ids = np.array(trace.value("input_ids")).ravel().tolist()
+            except (KeyError, LookupError, ValueError):
+                ids = None
+        model = getattr(trace, "model", None) or trace
+    if source is None:
+        raise TypeError("logit_lens(model, source): give the values (a Trace or a mapping of op values)")
     program = model.program
     if ctx is None:
         ctx = getattr(model, "ctx", None)
@@ -193,10 +213,8 @@ def logit_lens(model: Any, source: Any, positions: Sequence[int] | None = None, 
         logps.append(lp)
     final = top_ids[-1][:, 0]
     ranks = np.stack([(lp > lp[np.arange(len(final)), final][:, None]).sum(-1) for lp in logps])
-    if decode is None:
-        tok = getattr(model, "tokenizer", None)
-        if tok is not None and hasattr(tok, "decode"):
-            decode = lambda t, _tok=tok: _tok.decode([t])
+    if decode is None and getattr(model, "tokenizer", None) is not None and hasattr(model, "decode"):
+        decode = lambda t, _m=model: _m.decode([t])
     tokens = []
     if ids is not None and decode is not None:
         ids = [int(i) for i in np.asarray(ids).ravel()]
