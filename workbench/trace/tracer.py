@@ -454,11 +454,8 @@ class Trace:
         if key in self._store:
             return self._store.get(key)
         v = self._env.get(name)
-        if v is not None:
+        if v is not None:  # not captured, but still live (read by an op yet to run)
             return v
-        for rec in self._undo.values():
-            if name in rec:
-                return rec[name]
         raise KeyError(f"the value of {name!r} was not captured (capture={self.capture!r}); "
                        f"trace with capture='full' or a pattern matching it")
 
@@ -557,6 +554,8 @@ class Trace:
         if not has_cache and i < self.position:
             for s in op.inputs:
                 v = self._feeds.get(s)
+                if v is None:
+                    v = next((r[s] for r in self._undo.values() if s in r), None)
                 if v is None:
                     try:
                         v = self.value(s)

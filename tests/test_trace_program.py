@@ -1,0 +1,245 @@
+"""The Trace as a generic stepper over any op program (no model, no checkpoint)."""
+import math
+
+import numpy as np
+import pytest
+
+import workbench  # noqa: F401
+import mlx.core as mx
+
+from workbench.program import Op, Program, execute
+from workbench.trace import NONFINITE, Trace, TraceError, inject, patch
+from workbench.trace import stats as S
+
+
+class Ctx:
+    def __init__(self, dtype, weights):
+        self.dtype = dtype
+        self.w = {k: v.astype(dtype) for k, v in weights.items()}
+        self.cache = None
+
+
+def make(extra_ops=(), dtype=mx.float32, seed=0):
+    rng = np.random.default_rng(seed)
+    weights = {"w_in": mx.array(rng.standard_normal((16, 8)).astype(np.float32) * 0.5),
+               "w0": mx.array(rng.standard_normal((16, 16)).astype(np.float32) * 0.3),
+               "w1": mx.array(rng.standard_normal((16, 16)).astype(np.float32) * 0.3),
+               "w_out": mx.array(rng.standard_normal((5, 16)).astype(np.float32) * 0.3)}
+    ops = [Op("embed", "linear", lambda c, x: x.astype(c.dtype) @ c.w["w_in"].T, ("x",), ("w_in",), None)]
+    prev = "embed"
+    for i in range(2):
+        ops += [
+            Op(f"layers.{i}.act", "relu", lambda c, h: mx.maximum(h, 0), (prev,), (), i),
+            Op(f"layers.{i}.proj", "linear", (lambda k: lambda c, h: h @ c.w[k].T)(f"w{i}"),
+               (f"layers.{i}.act",), (f"w{i}",), i),
+            Op(f"layers.{i}", "add", lambda c, a, b: a + b, (prev, f"layers.{i}.proj"), (), i),
+        ]
+        prev = f"layers.{i}"
+    ops += list(extra_ops)
+    last = ops[-1].name
+    ops.append(Op("logits", "linear", lambda c, h: h @ c.w["w_out"].T, (last,), ("w_out",), None))
+    prog = Program(ops, inputs=("x",))
+    x = mx.array(rng.standard_normal((3, 8)).astype(np.float32))
+    ctx = Ctx(dtype, weights)
+
+    def tensors(name):
+        return {p: weights[p] for p in prog[name].params}
+    return prog, ctx, {"x": x}, (lambda d, c: Ctx(d, weights)), tensors, weights
+
+
+def new_trace(extra_ops=(), dtype=mx.float32, **kw):
+    prog, ctx, feeds, context, tensors, weights = make(extra_ops, dtype)
+    return Trace(prog, ctx, feeds, context=context, tensors=tensors, **kw), weights
+
+
+def test_stepping_equals_run_and_execute():
+    t, _ = new_trace(capture="full")
+    ref = execute(t.program, t.ctx, t._feeds)["logits"]
+    names = []
+    while not t.done:
+        names.append(t.step().name)
+    assert names == t.ops == t.program.names
+    stepped = t.logits
+    t2, _ = new_trace(capture="stats")
+    t2.run()
+    assert np.array_equal(np.array(stepped), np.array(ref))
+    assert np.array_equal(np.array(t2.logits), np.array(ref))
+
+
+def test_stats_match_numpy_and_are_batched():
+    t, _ = new_trace(capture="full")
+    t.run()
+    for name in t.ops:
+        v = np.array(t.value(name), dtype=np.float64)
+        s = t.stats(name)
+        assert s["min"] == pytest.approx(v.min(), rel=1e-6, abs=1e-6)
+        assert s["max"] == pytest.approx(v.max(), rel=1e-6, abs=1e-6)
+        assert s["mean"] == pytest.approx(v.mean(), rel=1e-4, abs=1e-5)
+        assert s["std"] == pytest.approx(v.std(), rel=1e-3, abs=1e-5)
+        assert s["absmax"] == pytest.approx(np.abs(v).max(), rel=1e-6)
+        assert s["zero_frac"] == pytest.approx((v == 0).mean())
+        assert s["headroom"] == pytest.approx(np.abs(v).max() / float(np.finfo(np.float32).max), rel=1e-6)
+        assert (s["nan"], s["posinf"], s["neginf"]) == (0, 0, 0)
+    # relu zeroes about half its inputs: zero_frac is real, not a constant
+    assert 0.1 < t.stats("layers.0.act")["zero_frac"] < 0.9
+
+
+def test_nonfinite_counted_per_element_not_from_a_sum():
+    # +Inf and -Inf in one tensor sum to NaN; a lone +Inf sums to +Inf: counts must still be exact
+    def plant(v):
+        flat = v.reshape(-1)
+        idx = mx.arange(flat.size)
+        flat = mx.where(idx == 1, mx.inf, flat)
+        flat = mx.where(idx == 2, -mx.inf, flat)
+        flat = mx.where((idx == 5) | (idx == 7), mx.nan, flat)
+        return flat.reshape(v.shape)
+    t, _ = new_trace(capture="stats", interventions=[patch("layers.0.proj", plant)])
+    t.run()
+    s = t.stats("layers.0.proj")
+    assert (s["nan"], s["posinf"], s["neginf"]) == (2, 1, 1)
+    assert math.isfinite(s["min"]) and math.isfinite(s["max"]) and math.isfinite(s["mean"])
+    assert s["headroom"] == math.inf
+    # downstream: row 0 of layers.0 holds NaN, so row 0 of the next matmul is all NaN
+    assert t.stats("layers.1.proj")["nan"] == 16
+    t1, _ = new_trace(capture="stats", interventions=[inject("layers.1.proj", float("inf"), index=(0, 3))])
+    t1.run()
+    s1 = t1.stats("layers.1.proj")
+    assert (s1["nan"], s1["posinf"], s1["neginf"]) == (0, 1, 0)
+    assert t1.stats("layers.0.proj")["posinf"] == 0
+
+
+def test_stats_helpers_mask_fill_and_lone_values():
+    x = mx.array([[1.0, -2.0, 0.0, -65504.0]], dtype=mx.float16)
+    (s,) = S.compute([x])
+    assert s["masked"] == 1 and s["min"] == -2.0 and s["absmax"] == 2.0
+    assert s["headroom"] == pytest.approx(2.0 / 65504)
+    y = mx.array([0.0, float("nan"), 3.0])
+    (s,) = S.compute([y])
+    assert s["nan"] == 1 and s["max"] == 3.0 and s["zero_frac"] == pytest.approx(1 / 3)
+    assert S.nonfinite_counts(mx.array([mx.inf, -mx.inf, mx.nan, mx.nan])) == (2, 1, 1)
+
+
+def test_run_until_breakpoints_and_back():
+    t, _ = new_trace(capture="stats", breakpoints=["layers.1.*"])
+    s = t.run()
+    assert s.name == "layers.1.act" and t.position == t.program.index("layers.1.act") + 1
+    s = t.run(until="layers.1")  # the name breakpoint layers.1.* also matches layers.1.proj
+    assert s.name == "layers.1.proj"
+    t.clear_breakpoints()
+    assert t.run(until="layers.1").name == "layers.1"
+    with pytest.raises(TraceError, match="already ran"):
+        t.run(until="embed")
+    t.run()
+    ref = np.array(t.logits)
+    # back over several ops (undo records), then forward again: same values
+    for _ in range(3):
+        t.back()
+    assert t.position == len(t.ops) - 3 and not t.done
+    with pytest.raises(KeyError, match="has not run yet"):
+        t.value("logits")
+    t.run()
+    assert np.array_equal(np.array(t.logits), ref)
+    # all the way back to the start, then step again
+    while t.back() is not None:
+        pass
+    assert t.position == 0 and t.steps == []
+    t.run()
+    assert np.array_equal(np.array(t.logits), ref)
+
+
+def test_predicate_breakpoint_rewinds_to_the_hit():
+    t_full, _ = new_trace(capture="full")
+    t_full.run()
+    thr = 1.5
+    first = next(n for n in t_full.ops if t_full.stats(n)["absmax"] > thr)
+    t, _ = new_trace(capture="stats", breakpoints=[lambda st: st.stats["absmax"] > thr])
+    s = t.run()
+    assert s.name == first and t.position == t.program.index(first) + 1
+    assert len(t.steps) == t.position
+    # the live values after the rewind are the right ones: finishing gives the same logits
+    t.clear_breakpoints()
+    t.run()
+    assert np.array_equal(np.array(t.logits), np.array(t_full.logits))
+
+
+def test_nonfinite_breakpoint_and_injected_cause():
+    t, _ = new_trace(capture="stats", breakpoints=[NONFINITE],
+                     interventions=[inject("layers.0.proj", float("nan"), index=4)])
+    s = t.run()
+    assert s.name == "layers.0.proj" and s.nonfinite and s.stats["nan"] == 1
+    f = t.first_nonfinite()
+    assert f.op == "layers.0.proj" and f.cause == "injected"
+
+
+def _with(op):
+    return new_trace(extra_ops=[op], capture="stats")[0]
+
+
+def test_cause_invalid_and_overflow_and_input_and_weight():
+    # invalid: sqrt of a negative number from finite inputs, float32 does not help
+    t = _with(Op("bad.sqrt", "sqrt", lambda c, h: mx.sqrt(h - 1e3), ("layers.1",), (), None))
+    f = t.first_nonfinite()
+    assert f.op == "bad.sqrt" and f.cause == "invalid" and f.nan > 0 and f.posinf == 0
+    # overflow in float32 itself: exp of a large number
+    t = _with(Op("bad.exp", "exp", lambda c, h: mx.exp(h * 1e3), ("layers.1",), (), None))
+    f = t.first_nonfinite()
+    assert f.op == "bad.exp" and f.cause == "overflow" and f.posinf > 0
+    # overflow in float16 only: finite when recomputed in float32
+    prog, ctx, feeds, context, tensors, _ = make([Op("big", "scale", lambda c, h: h * 3e4, ("layers.1",), (), None)],
+                                                 dtype=mx.float16)
+    t = Trace(prog, ctx, feeds, context=context, tensors=tensors)
+    f = t.first_nonfinite()
+    assert f.op == "big" and f.cause == "overflow" and f.float32_absmax > 65504
+    # a non-finite program input
+    prog, ctx, feeds, context, tensors, _ = make()
+    x = np.array(feeds["x"])
+    x[1, 2] = np.nan
+    t = Trace(prog, ctx, {"x": mx.array(x)}, context=context, tensors=tensors)
+    f = t.first_nonfinite()
+    assert f.op == "embed" and f.cause == "nonfinite-input" and f.inputs[0]["nan"] == 1
+    # a NaN weight
+    prog, ctx, feeds, context, tensors, weights = make()
+    w = np.array(weights["w1"])
+    w[3, 4] = np.nan
+    weights["w1"] = mx.array(w)
+    ctx = context(mx.float32, None)
+    t = Trace(prog, ctx, feeds, context=context, tensors=tensors)
+    f = t.first_nonfinite()
+    assert f.op == "layers.1.proj" and f.cause == "nonfinite-weight"
+    assert f.weights[0]["name"] == "w1" and f.weights[0]["nan"] == 1
+
+
+def test_clean_program_has_no_finding():
+    t, _ = new_trace(capture=None)
+    assert t.first_nonfinite() is None and t.done
+
+
+def test_capture_patterns_none_and_spill(tmp_path):
+    t, _ = new_trace(capture=["layers.*.proj"])
+    t.run()
+    assert t.value("layers.0.proj").shape == (3, 16)
+    with pytest.raises(KeyError, match="not captured"):
+        t.value("layers.0.act")
+    assert t.stats("layers.0.act")["nan"] == 0  # stats of every op regardless
+    with pytest.raises(TraceError, match="match no op"):
+        new_trace(capture=["nothing.here"])
+
+    t0, _ = new_trace(capture=None)
+    s = t0.run()
+    assert s.stats is None and t0.logits.shape == (3, 5)
+
+    full, _ = new_trace(capture="full")
+    full.run()
+    spill = tmp_path / "spill"
+    small, _ = new_trace(capture="full", memory_budget=600, spill_dir=str(spill))
+    small.run()
+    assert small.store.memory_bytes <= 600
+    assert len(small.store.spilled) > 0
+    files = list(spill.rglob("*.safetensors"))
+    assert len(files) == len(small.store.spilled)
+    for name in full.ops:
+        assert np.array_equal(np.array(small.value(name)), np.array(full.value(name))), name
+    d = small.store.directory
+    assert d is not None and str(spill) in d
+    small.store.close()
+    assert not any(spill.rglob("*.safetensors"))
