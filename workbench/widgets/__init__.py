@@ -12,5 +12,6 @@ HTML/Image widgets, so tests and nbval can read it without a browser.
 from workbench.widgets.diffview import DiffView
 from workbench.widgets.debugger import StepDebugger
 from workbench.widgets.hazards import HazardTimeline
+from workbench.widgets.weights import WeightBrowser
 
-__all__ = ["DiffView", "HazardTimeline", "StepDebugger"]
+__all__ = ["DiffView", "HazardTimeline", "StepDebugger", "WeightBrowser"]
