@@ -200,9 +200,10 @@ def dequant_rows(wbytes: bytes, sbytes: bytes, bbytes: bytes | None, rows: int, 
         s = mx.array(np.frombuffer(sbytes, np.uint8).reshape(rows, ngroups))
         out = mx.dequantize(w, s, None, group_size=spec.group_size, bits=spec.bits, mode=spec.mode)
     else:
-        def fl(b):
-            a = to_float(b, sdtype)
-            return mx.array(np.ascontiguousarray(a).reshape(rows, ngroups))
+        def fl(b):  # scales / biases in their own dtype, as the reference dequantizes them
+            if sdtype == "BF16":
+                return mx.array(np.frombuffer(b, np.uint16).reshape(rows, ngroups)).view(mx.bfloat16)
+            return mx.array(np.ascontiguousarray(to_float(b, sdtype)).reshape(rows, ngroups))
         out = mx.dequantize(w, fl(sbytes), fl(bbytes) if bbytes is not None else None,
                             group_size=spec.group_size, bits=spec.bits, mode="affine")
     return np.array(out.astype(mx.float32)).reshape(-1)

@@ -1,0 +1,285 @@
+"""`workbench inspect`: every problem code provoked from a zoo checkpoint and found; clean
+checkpoints give no error; --values statistics are exact; JSON / exit codes / --diff."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import workbench
+from workbench import zoo
+from workbench.checkpoint import CheckpointError, open_checkpoint
+from workbench.checkpoint.inspect import CODES
+from workbench.cli import main
+
+import mlx.core as mx  # noqa: E402
+
+KEYS = {"ok", "model_type", "num_layers", "components", "quantization", "moe", "problems", "tensors"}
+PKEYS = {"code", "severity", "message", "tensor", "file", "layer", "suggestion"}
+
+CLEAN = [(a, q) for a in zoo.ARCHS for q in zoo.QUANTS]
+
+
+@pytest.mark.parametrize("arch,quant", CLEAN, ids=[f"{a}-{q}" for a, q in CLEAN])
+def test_clean_checkpoints_have_no_problems(tmp_path, arch, quant):
+    p = zoo.build(arch, tmp_path / "ck", quant=quant, shards=2 if quant in (None, "mxfp4") else 1)
+    r = workbench.inspect(p, values=True, progress=False)
+    assert r.ok and r.problems == [], [x.message for x in r.problems]
+    assert r.model_type == {"gemma4": "gemma4_text", "gemma4_moe": "gemma4_text", "gemma4_kv": "gemma4_text",
+                            "gemma3": "gemma3_text"}.get(arch, arch)
+    d = r.to_dict()
+    assert set(d) == KEYS
+    assert d["num_layers"] == open_checkpoint(p).text_config["num_hidden_layers"]
+    assert all(t["stats"] and t["stats"]["nan"] == 0 for t in d["tensors"])
+    json.dumps(d, allow_nan=False)
+    if quant:
+        mode = zoo.QUANT_SPECS[quant][0]
+        assert d["quantization"]["mode"] == mode and d["quantization"]["quantized_modules"] > 0
+
+
+@pytest.mark.parametrize("arch", ["gemma4", "gemma4_moe", "llama"])
+def test_clean_hf_layout(tmp_path, arch):
+    p = zoo.build(arch, tmp_path / "ck", layout="hf", shards=2)
+    r = workbench.inspect(p, progress=False)
+    assert r.ok and not r.problems, [x.message for x in r.problems]
+    if arch == "gemma4_moe":
+        assert r.moe["layout"].startswith("fused gate_up_proj")
+        assert r.moe["num_experts"] == 4 and r.moe["layers"] == 4
+
+
+BROKEN = [(b, a, q) for b in zoo.BROKEN for a, q in (("gemma4_text", None), ("gemma4", "mxfp4"),
+                                                       ("gemma4_moe", "nvfp4"), ("qwen3", "affine4"),
+                                                       ("llama", None), ("gemma3", "affine8"))]
+
+
+@pytest.mark.parametrize("broken,arch,quant", BROKEN, ids=[f"{b}-{a}" for b, a, q in BROKEN])
+def test_every_problem_code_is_found(tmp_path, broken, arch, quant):
+    p = zoo.build(arch, tmp_path / "ck", quant=quant, broken=broken)
+    r = workbench.inspect(p, values=(broken == "nonfinite-values"), progress=False)
+    code = zoo.BROKEN[broken]
+    hits = [x for x in r.problems if x.code == code]
+    assert hits, [x.message for x in r.problems]
+    assert not r.ok
+    for x in r.problems:
+        assert x.code in CODES and x.severity in ("error", "warning")
+        assert set(x.to_dict()) == PKEYS
+    h = hits[0]
+    files = {f.name for f in p.iterdir()}
+    if code not in ("missing-tensor", "bad-config", "path-escape", "missing-shard"):
+        assert h.file in files  # names the file as in the directory
+    if code in ("missing-tensor", "unexpected-tensor", "shape-mismatch", "dtype-mismatch", "quantization-mismatch",
+                "nonfinite-values", "index-mismatch"):
+        assert h.layer == 1 and h.tensor and h.tensor in h.message
+        prefix = {"gemma4": "language_model.model.", "gemma3": "language_model.model."}.get(arch, "model.")
+        assert h.tensor.startswith(prefix)  # tensor names as in the checkpoint
+    if code in ("bad-header", "truncated-file"):
+        assert "byte" in h.message or "offset" in h.message
+
+
+def test_misnamed_is_told_from_missing(tmp_path):
+    p = zoo.build("gemma4_text", tmp_path / "ck", broken="misnamed")
+    r = workbench.inspect(p)
+    (u,) = [x for x in r.problems if x.code == "unexpected-tensor"]
+    (m,) = [x for x in r.problems if x.code == "missing-tensor"]
+    assert u.tensor == "model.layers.1.mlp.down_prj.weight"
+    assert u.suggestion == "model.layers.1.mlp.down_proj.weight"
+    assert m.tensor == "model.layers.1.mlp.down_proj.weight" and m.suggestion == u.tensor
+    p = zoo.build("gemma4_text", tmp_path / "ck2", broken="unexpected-tensor")
+    (u,) = workbench.inspect(p).problems
+    assert u.code == "unexpected-tensor" and u.suggestion is None  # nothing close: not a misnaming
+
+
+def test_missing_tensor_counts_and_grid(tmp_path):
+    p = zoo.build("qwen3", tmp_path / "ck", quant="affine4", broken="missing-tensor")
+    r = workbench.inspect(p)
+    miss = [x for x in r.problems if x.code == "missing-tensor"]
+    assert [x.tensor for x in miss] == ["model.layers.1.self_attn.q_proj.weight"]  # one module, reported once
+    assert r.grid["rows"][1]["q"] == "missing" and r.grid["rows"][0]["q"] == "ok"
+    text = r.render()
+    assert "layer 1" in text and "✗" in text and "missing-tensor" in text
+
+
+def test_kv_shared_layers_may_omit_kv(tmp_path):
+    # gemma4_text zoo: layers 4, 5 are KV-shared; their k/v/k_norm are absent (MLX) or present (HF)
+    for layout in ("mlx", "hf"):
+        r = workbench.inspect(zoo.build("gemma4_text", tmp_path / layout, layout=layout))
+        assert r.ok and not r.problems
+        assert r.grid["rows"][4]["k"] == ("absent-ok" if layout == "mlx" else "ok")
+    # but a non-shared layer without k_proj is incomplete
+    p = zoo.build("gemma4_text", tmp_path / "x")
+    cfg = json.loads((p / "config.json").read_text())
+    cfg["num_kv_shared_layers"] = 1
+    (p / "config.json").write_text(json.dumps(cfg))
+    r = workbench.inspect(p)
+    assert {x.tensor for x in r.problems if x.code == "missing-tensor"} == {
+        "model.layers.4.self_attn.k_proj.weight", "model.layers.4.self_attn.v_proj.weight",
+        "model.layers.4.self_attn.k_norm.weight"}
+    # the double-wide MLP of layer 4 is now the wrong width for a non-shared layer
+    assert any(x.code == "shape-mismatch" and "layers.4.mlp" in x.tensor for x in r.problems)
+
+
+def test_router_override_checked(tmp_path):
+    p = zoo.build("gemma4_moe", tmp_path / "ck", quant="mxfp4")
+    cfg = json.loads((p / "config.json").read_text())
+    for k in [k for k in cfg["quantization"] if k.endswith("router.proj")]:
+        del cfg["quantization"][k]
+    (p / "config.json").write_text(json.dumps(cfg))
+    r = workbench.inspect(p)
+    qm = [x for x in r.problems if x.code == "quantization-mismatch"]
+    assert len(qm) == 4 and all("router.proj" in x.tensor and "affine 8-bit g64" in x.message for x in qm)
+
+
+def test_values_statistics_are_exact(tmp_path):
+    p = zoo.build("llama", tmp_path / "ck", quant="affine4", broken="nonfinite-values")
+    r = workbench.inspect(p, values=True, progress=False, chunk_bytes=4096)
+    ck = open_checkpoint(p)
+    by = {t["name"]: t for t in r.tensors}
+    # a float tensor with NaN / Inf
+    name = "model.layers.1.post_attention_layernorm.weight"
+    x = np.array(ck.load("layers.1.post_attention_layernorm.weight").astype(mx.float32))
+    s = by[name]["stats"]
+    assert (s["nan"], s["posinf"], s["neginf"]) == (2, 1, 1)
+    f = x[np.isfinite(x)]
+    assert s["min"] == pytest.approx(f.min()) and s["max"] == pytest.approx(f.max())
+    assert s["mean"] == pytest.approx(f.mean(), rel=1e-5) and s["std"] == pytest.approx(f.std(), rel=1e-4)
+    (nf,) = [x for x in r.problems if x.code == "nonfinite-values"]
+    assert nf.tensor == name and "2 NaN, 1 +Inf, 1 -Inf" in nf.message
+    # a quantized weight: statistics of the dequantized values, group by group, across chunks
+    t = by["model.layers.0.mlp.down_proj.weight"]
+    assert t["dequantized"] and t["quantization"] == {"mode": "affine", "bits": 4, "group_size": 64}
+    w = mx.dequantize(ck.load("layers.0.mlp.down_proj.weight"), ck.load("layers.0.mlp.down_proj.scales"),
+                      ck.load("layers.0.mlp.down_proj.biases"), group_size=64, bits=4)
+    w = np.array(w.astype(mx.float32))
+    s = t["stats"]
+    assert s["count"] == w.size
+    assert s["min"] == pytest.approx(w.min(), rel=1e-3) and s["max"] == pytest.approx(w.max(), rel=1e-3)
+    assert s["std"] == pytest.approx(w.std(), rel=1e-3)
+    assert s["zero_fraction"] == pytest.approx((w == 0).mean(), abs=1e-6)
+    # scales checked too
+    sc = np.array(ck.load("layers.0.mlp.down_proj.scales").astype(mx.float32))
+    s = by["model.layers.0.mlp.down_proj.scales"]["stats"]
+    assert s["count"] == sc.size and s["absmax"] == pytest.approx(np.abs(sc).max())
+
+
+def test_values_counts_are_per_element(tmp_path):
+    # +Inf and -Inf in one tensor: a sum would give NaN; counts must still be exact
+    from workbench.checkpoint.values import Stats
+
+    st = Stats()
+    a = np.array([np.inf, -np.inf, np.inf, np.nan, 0.0, 1.0, -2.0], np.float32)
+    st.add(a[:3])
+    st.add(a[3:])
+    d = st.to_dict()
+    assert (d["nan"], d["posinf"], d["neginf"], d["count"]) == (1, 2, 1, 7)
+    assert d["min"] == -2.0 and d["max"] == 1.0 and d["zero_fraction"] == pytest.approx(1 / 7)
+
+
+def test_mx_scales_decoded(tmp_path):
+    p = zoo.build("qwen3", tmp_path / "ck", quant="mxfp4")
+    r = workbench.inspect(p, values=True, progress=False)
+    s = {t["name"]: t for t in r.tensors}["model.layers.0.mlp.up_proj.scales"]["stats"]
+    assert 1e-4 < s["min"] <= s["max"] < 1  # E8M0 decoded to powers of two, not raw exponents
+    assert np.log2(s["max"]) == int(np.log2(s["max"]))
+
+
+def test_json_and_exit_codes(tmp_path, capsys):
+    good = zoo.build("gemma3", tmp_path / "good", quant="mxfp8")
+    assert main(["inspect", str(good), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert set(d) == KEYS and d["ok"] is True and d["tensors"] == []
+    assert d["components"] == {"language_model": 123, "vision_tower": 15, "multi_modal_projector": 2}
+    assert main(["inspect", str(good), "--json", "--tensors"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    t = {x["name"]: x for x in d["tensors"]}["language_model.model.layers.0.self_attn.q_proj.weight"]
+    assert t["canonical"] == "layers.0.self_attn.q_proj.weight" and t["dtype"] == "U32"
+    assert t["file"] == "model.safetensors" and t["offset"] > 8
+    bad = zoo.build("gemma3", tmp_path / "bad", broken="missing-tensor")
+    assert main(["inspect", str(bad), "--json"]) == 1
+    d = json.loads(capsys.readouterr().out)
+    assert d["ok"] is False and d["problems"][0]["code"] == "missing-tensor"
+    assert main(["inspect", str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert "missing-tensor" in out and "FAILED" in out
+    # unusable: one line on stderr, exit 2
+    assert main(["inspect", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no such file or directory" in err[0]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["inspect", str(empty), "--json"]) == 2
+    cap = capsys.readouterr()
+    assert "no .safetensors" in json.loads(cap.out)["error"]
+    (tmp_path / "x.bin").write_bytes(b"abc")
+    assert main(["inspect", str(tmp_path / "x.bin")]) == 2
+
+
+def test_cli_subprocess_no_traceback(tmp_path):
+    p = zoo.build("llama", tmp_path / "ck", broken="header-too-large")
+    r = subprocess.run([sys.executable, "-m", "workbench.cli", "inspect", str(p)], capture_output=True, text=True)
+    assert r.returncode == 1 and "Traceback" not in r.stderr + r.stdout
+    assert "exceeds the 100 MB" in r.stdout and "model.safetensors" in r.stdout
+
+
+def test_single_file(tmp_path):
+    p = zoo.build("qwen3", tmp_path / "ck", shards=2)
+    f = p / "model-00001-of-00002.safetensors"
+    ck = open_checkpoint(f)
+    assert ck.files == ["model-00001-of-00002.safetensors"]
+    r = workbench.inspect(f)
+    assert any(x.code == "missing-tensor" for x in r.problems)  # half the model lives in the other shard
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    os.link(p / "model-00001-of-00002.safetensors", lone / "w.safetensors")
+    r = workbench.inspect(lone / "w.safetensors")
+    assert r.ok and [x.code for x in r.problems] == ["bad-config"]  # warning: no config.json
+    assert r.problems[0].severity == "warning"
+
+
+def test_lazy_load_reads_nothing_at_open(tmp_path, monkeypatch):
+    p = zoo.build("gemma4_text", tmp_path / "ck", quant="affine4")
+    import builtins
+
+    reads = []
+    real = builtins.open
+
+    def spy(f, mode="r", *a, **k):
+        fh = real(f, mode, *a, **k)
+        if str(f).endswith(".safetensors"):
+            orig = fh.read
+            fh.read = lambda n=-1: (reads.append(n), orig(n))[1]
+        return fh
+
+    monkeypatch.setattr(builtins, "open", spy)
+    ck = open_checkpoint(p)
+    assert max(reads) < 20000  # the 8-byte length and the header, nothing else
+    arr = ck.load("layers.0.self_attn.q_proj.weight")
+    assert arr.shape == (64, 8) and arr.dtype == mx.uint32
+
+
+def test_load_errors_name_file_and_offset(tmp_path):
+    p = zoo.build("llama", tmp_path / "ck", broken="truncated-file")
+    ck = open_checkpoint(p)
+    cut = sorted(ck.sfiles["model.safetensors"].truncated)
+    assert "lm_head.weight" in cut
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: tensor 'lm_head\.weight' at byte \d+"):
+        ck.load("lm_head.weight")
+    ck.load("layers.0.self_attn.q_proj.weight")  # intact tensors still load
+
+
+def test_diff(tmp_path, capsys):
+    a = zoo.build("qwen3", tmp_path / "a")
+    b = zoo.build("qwen3", tmp_path / "b", layout="hf")
+    assert main(["inspect", str(a), "--diff", str(b)]) == 0  # same weights, same canonical names
+    assert capsys.readouterr().out.rstrip().endswith("same")
+    c = zoo.build("qwen3", tmp_path / "c", seed=1, broken="misnamed")
+    assert main(["inspect", str(a), "--diff", str(c), "--values", "--json"]) == 1
+    d = json.loads(capsys.readouterr().out)
+    assert d["only_a"] == ["layers.1.mlp.down_proj.weight"] and d["only_b"] == ["layers.1.mlp.down_prj.weight"]
+    assert any(v["tensor"] == "layers.0.self_attn.q_proj.weight" for v in d["values"])
+    e = zoo.build("qwen3", tmp_path / "e", quant="affine8")
+    capsys.readouterr()
+    assert main(["inspect", str(a), "--diff", str(e)]) == 1
+    out = capsys.readouterr().out
+    assert "dtype differs" in out and "only in b" in out  # .scales/.biases
