@@ -234,7 +234,7 @@ def oracle(doc):
     rr, rw = {}, {}
     for i, e in enumerate(doc["events"]):
         t = e["type"]
-        if t == "barrier":
+        if t in ("barrier", "commit"):
             rr, rw = {}, {}
         elif t == "alloc":
             bufs[e["buffer"]] = {"size": e["size"], "init": e.get("initialized", False), "alloc": i, "live": True,
@@ -300,7 +300,7 @@ def random_schedule(rng: random.Random, mode: str):
     for i in range(rng.randint(1, 25)):
         r = rng.random()
         if r < 0.1:
-            ev.append({"type": "barrier"})
+            ev.append({"type": "barrier"} if r < 0.07 else {"type": "commit", "cb": i})
         elif r < 0.15:
             ev.append({"type": "free", "buffer": rng.choice(list(bufs))})
         elif r < 0.2:

@@ -14,9 +14,9 @@ rules that produce them:
 ``raw`` / ``war`` / ``waw``
     in ``"concurrent"`` mode, a dispatch reads bytes an earlier dispatch of the same
     concurrent region writes (raw), writes bytes it reads (war), or writes bytes it
-    writes (waw).  A concurrent region ends at a ``barrier`` and wherever the command
-    buffer changes from one dispatch to the next (command buffers of a queue run in
-    order); ``"serial"`` schedules have no concurrent regions;
+    writes (waw).  A concurrent region ends at a ``barrier``, at a ``commit``, and
+    wherever the command buffer changes from one dispatch to the next (command buffers
+    of a queue run in order); ``"serial"`` schedules have no concurrent regions;
 ``stale-read``
     a read that carries a ``value`` label meets bytes whose last writer (a dispatch)
     labelled them differently; bytes written by the host (``initialized``) or by an
@@ -243,6 +243,8 @@ def analyze(schedule: Any) -> list[Hazard]:
                 region_reads, region_writes, region_cb = {}, {}, object()
         elif t == "commit":
             cb = ev.cb
+            if concurrent:
+                region_reads, region_writes, region_cb = {}, {}, object()
             if cb in committed:
                 add(Hazard("cb-reuse", idx, committed[cb], None, None,
                            f"event {idx} commits command buffer {cb} again (first committed at event "
