@@ -1,0 +1,51 @@
+"""nbval over every notebook: each runs top to bottom in a fresh kernel of this environment,
+and every cell's output (after the sanitizers in notebooks/nbval_sanitize.cfg: timings,
+addresses, temporary paths) must equal the output committed in the notebook.  Cells whose
+output legitimately varies carry the ``nbval-ignore-output`` tag (set in notebooks/build.py).
+
+Each notebook runs in its own pytest subprocess, so one notebook's kernel state, imports
+or failures never leak into the rest of the suite.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NB_DIR = ROOT / "notebooks"
+sys.path.insert(0, str(NB_DIR))
+from build import NOTEBOOKS  # noqa: E402  (the notebook list lives with the notebooks' source)
+
+sys.path.remove(str(NB_DIR))
+
+
+def test_every_notebook_is_built_from_build_py():
+    on_disk = sorted(p.name for p in NB_DIR.glob("*.ipynb"))
+    assert on_disk == sorted(NOTEBOOKS), "notebooks/ and notebooks/build.py disagree; run python notebooks/build.py"
+
+
+@pytest.mark.parametrize("name", sorted(NOTEBOOKS))
+def test_notebook_committed_without_errors(name):
+    nb = json.loads((NB_DIR / name).read_text())
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    assert code, f"{name} has no code cells"
+    assert all(c.get("execution_count") for c in code), f"{name} is committed unexecuted; run python notebooks/build.py {name}"
+    errors = [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors, f"{name} is committed with errors: {[e['ename'] + ': ' + e['evalue'] for e in errors]}"
+
+
+@pytest.mark.parametrize("name", sorted(NOTEBOOKS))
+def test_nbval(name):
+    env = dict(os.environ, PYTHONHASHSEED="0", MPLBACKEND="module://matplotlib_inline.backend_inline")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval", "--nbval-current-env",
+           "--nbval-sanitize-with", str(NB_DIR / "nbval_sanitize.cfg"), "--nbval-cell-timeout", "600",
+           "-o", "addopts=", "--rootdir", str(NB_DIR), str(NB_DIR / name)]
+    r = subprocess.run(cmd, cwd=str(NB_DIR), env=env, capture_output=True, text=True, timeout=900)
+    tail = (r.stdout + r.stderr)[-6000:]
+    assert r.returncode == 0, f"nbval failed on {name}:\n{tail}"
+    assert " passed" in r.stdout and " failed" not in r.stdout, tail
