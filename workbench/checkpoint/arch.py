@@ -91,6 +91,8 @@ def build_arch(config: dict) -> Arch:
     if not isinstance(config, dict):
         raise ConfigError("config.json is not a JSON object")
     fam = family_of(config)
+    if not isinstance(config.get("model_type"), str):
+        raise ConfigError("config.json: required field 'model_type' is missing or not a string")
     if fam is None:
         raise ConfigError(f"config.json: model_type {config.get('model_type')!r} is not a supported family "
                           f"({', '.join(sorted(set(FAMILIES)))})")

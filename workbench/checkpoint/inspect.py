@@ -104,7 +104,7 @@ def _check_arch(cx: _Ctx, report: Report):
     a = ck.arch
     if a is None:
         err = ck.arch_error
-        if ck.config and err:
+        if ck.config_present and err:
             unsupported = "not a supported family" in err or "not available yet" in err
             cx.add("bad-config", "warning" if unsupported else "error", err + ("" if unsupported else
                    "; completeness not checked"), file="config.json")

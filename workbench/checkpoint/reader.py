@@ -108,6 +108,7 @@ class Checkpoint:
     # ---------------------------------------------------------------- opening
     def _read_config(self) -> dict:
         cp = self.root / "config.json"
+        self.config_present = False
         if not cp.exists():
             self.problems.append(Problem("bad-config", "warning" if self.path.is_file() else "error",
                                          f"no config.json in {self.root.name or self.root}: completeness "
@@ -131,6 +132,7 @@ class Checkpoint:
             self.problems.append(Problem("bad-config", "error", "config.json is not a JSON object",
                                          file="config.json"))
             return {}
+        self.config_present = True
         return cfg
 
     def _discover(self) -> list[str]:
@@ -286,7 +288,7 @@ class Checkpoint:
         """Expected tensors from config.json, or None (see ``arch_error``)."""
         if self._arch is None and self._arch_error is None:
             try:
-                self._arch = build_arch(self.config) if self.config else None
+                self._arch = build_arch(self.config) if self.config_present else None
                 if self._arch is None:
                     self._arch_error = "no usable config.json"
             except ConfigError as e:
