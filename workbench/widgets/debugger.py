@@ -29,7 +29,7 @@ import time
 import ipywidgets as W
 import numpy as np
 
-from workbench.widgets._render import (BF16_MAX, FP16_MAX, as_2d, fmt, headroom_bar, heatmap_png, shape_str,
+from workbench.widgets._render import (BF16_MAX, _lut, FP16_MAX, as_2d, fmt, headroom_bar, heatmap_png, shape_str,
                                        table)
 
 _RESID = re.compile(r"^layers\.(\d+)$")
@@ -55,6 +55,7 @@ class StepDebugger(W.VBox):
         self.tokens = tokens if tokens is not None else self._tokens()
         self._norms: dict[int, float] = {}  # layer -> RMS token norm of layers.{i}
         self.last_update_s = 0.0
+        _lut("RdBu_r"), _lut("viridis")  # colour tables ready before the first click
 
         b = lambda desc, icon, cls, tip: self._button(desc, icon, cls, tip)  # noqa: E731
         self.back_button = b("back", "step-backward", "wb-back", "undo the last op")
