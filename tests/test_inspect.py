@@ -19,7 +19,7 @@ import mlx.core as mx  # noqa: E402
 KEYS = {"ok", "model_type", "num_layers", "components", "quantization", "moe", "problems", "tensors"}
 PKEYS = {"code", "severity", "message", "tensor", "file", "layer", "suggestion"}
 
-CLEAN = [(a, q) for a in zoo.ARCHS for q in zoo.QUANTS]
+CLEAN = [(a, q) for a in zoo.ARCHS + zoo.INSPECT_ONLY_ARCHS for q in zoo.QUANTS]
 
 
 @pytest.mark.parametrize("arch,quant", CLEAN, ids=[f"{a}-{q}" for a, q in CLEAN])
@@ -29,6 +29,9 @@ def test_clean_checkpoints_have_no_problems(tmp_path, arch, quant):
     assert r.ok and r.problems == [], [x.message for x in r.problems]
     assert r.model_type == {"gemma4": "gemma4_text", "gemma4_moe": "gemma4_text", "gemma4_kv": "gemma4_text",
                             "gemma3": "gemma3_text"}.get(arch, arch)
+    if arch == "gemma3n":
+        assert r.components == {"language_model": len(r.tensors) - 23, "vision_tower": 11, "embed_vision": 1,
+                                "audio_tower": 10, "embed_audio": 1}
     d = r.to_dict()
     assert set(d) == KEYS
     assert d["num_layers"] == open_checkpoint(p).text_config["num_hidden_layers"]
@@ -51,7 +54,8 @@ def test_clean_hf_layout(tmp_path, arch):
 
 BROKEN = [(b, a, q) for b in zoo.BROKEN for a, q in (("gemma4_text", None), ("gemma4", "mxfp4"),
                                                        ("gemma4_moe", "nvfp4"), ("qwen3", "affine4"),
-                                                       ("llama", None), ("gemma3", "affine8"))]
+                                                       ("llama", None), ("gemma3", "affine8"),
+                                                       ("gemma3n", "mxfp8"))]
 
 
 @pytest.mark.parametrize("broken,arch,quant", BROKEN, ids=[f"{b}-{a}" for b, a, q in BROKEN])
@@ -72,7 +76,8 @@ def test_every_problem_code_is_found(tmp_path, broken, arch, quant):
     if code in ("missing-tensor", "unexpected-tensor", "shape-mismatch", "dtype-mismatch", "quantization-mismatch",
                 "nonfinite-values", "index-mismatch"):
         assert h.layer == 1 and h.tensor and h.tensor in h.message
-        prefix = {"gemma4": "language_model.model.", "gemma3": "language_model.model."}.get(arch, "model.")
+        prefix = {"gemma4": "language_model.model.", "gemma3": "language_model.model.",
+                  "gemma3n": "model.language_model."}.get(arch, "model.")
         assert h.tensor.startswith(prefix)  # tensor names as in the checkpoint
     if code in ("bad-header", "truncated-file"):
         assert "byte" in h.message or "offset" in h.message

@@ -12,7 +12,8 @@ from workbench.checkpoint import open_checkpoint
 import mlx.core as mx  # noqa: E402
 from mlx_lm.utils import load_model  # noqa: E402
 
-CLEAN = [(a, q, "mlx") for a in zoo.ARCHS for q in zoo.QUANTS] + [(a, None, "hf") for a in zoo.ARCHS]
+ALL = zoo.ARCHS + zoo.INSPECT_ONLY_ARCHS
+CLEAN = [(a, q, "mlx") for a in ALL for q in zoo.QUANTS] + [(a, None, "hf") for a in ALL]
 
 
 @pytest.mark.parametrize("arch,quant,layout", CLEAN, ids=[f"{a}-{q}-{l}" for a, q, l in CLEAN])

@@ -17,7 +17,7 @@ FAMILIES = {
     "qwen3": "qwen3", "llama": "llama", "mistral": "llama",
 }
 #: families whose RMSNorm computes x * (1 + w): their neutral norm weight is 0
-ZERO_CENTRED_NORMS = {"gemma3_text", "gemma3n"}
+ZERO_CENTRED_NORMS = {"gemma3_text"}
 
 
 class ConfigError(ValueError):
@@ -116,8 +116,7 @@ def build_arch(config: dict) -> Arch:
     if fam == "gemma3_text":
         return _gemma3(tc)
     if fam == "gemma3n":
-        raise ConfigError("config.json: model_type gemma3n: layer-by-layer knowledge not available yet "
-                          "(completeness not checked)")
+        return _gemma3n(tc)
     return _dense(fam, tc)
 
 
@@ -276,4 +275,61 @@ def _dense(fam, tc) -> Arch:
     a.add("norm.weight", (D,), "norm")
     # tied: mlx-lm's sanitize drops an lm_head that is present anyway
     a.add("lm_head.weight", (V, D), "linear", optional=tied, ignored_if_present=tied)
+    return a
+
+
+def _gemma3n(tc) -> Arch:
+    """Gemma 3n (mlx-lm models/gemma3n.py): AltUp, LAuReL, per-layer inputs; every layer
+    keeps its k/v projections; per-layer intermediate sizes may be a list."""
+    D = _int(tc, "hidden_size")
+    L = _int(tc, "num_hidden_layers")
+    H = _int(tc, "num_attention_heads")
+    V = _int(tc, "vocab_size")
+    hd = _int(tc, "head_dim")
+    kvh = _int(tc, "num_key_value_heads")
+    P = _int(tc, "hidden_size_per_layer_input")
+    Vp = _int(tc, "vocab_size_per_layer_input")
+    n = _int(tc, "altup_num_inputs")
+    r = _int(tc, "laurel_rank")
+    Is = tc.get("intermediate_size")
+    if isinstance(Is, list):
+        if len(Is) != L or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in Is):
+            raise ConfigError(f"config.json: intermediate_size must list {L} positive integers")
+    else:
+        Is = [_int(tc, "intermediate_size")] * L
+    lt = tc.get("layer_types")
+    if not isinstance(lt, list) or len(lt) != L or any(t not in ("sliding_attention", "full_attention") for t in lt):
+        raise ConfigError(f"config.json: layer_types must list {L} entries of sliding_attention/full_attention")
+    a = Arch("gemma3n", tc, L, layer_types=list(lt), neutral_norm=1.0, tied=True)
+    a.add("embed_tokens.weight", (V, D), "embedding")
+    for i in range(L):
+        pre = f"layers.{i}.self_attn"
+        a.add(f"{pre}.q_proj.weight", (H * hd, D), "linear", i)
+        a.add(f"{pre}.k_proj.weight", (kvh * hd, D), "linear", i)
+        a.add(f"{pre}.v_proj.weight", (kvh * hd, D), "linear", i)
+        a.add(f"{pre}.o_proj.weight", (D, H * hd), "linear", i)
+        a.add(f"{pre}.q_norm.weight", (hd,), "norm", i)
+        a.add(f"{pre}.k_norm.weight", (hd,), "norm", i)
+        a.add(f"layers.{i}.mlp.gate_proj.weight", (Is[i], D), "linear", i)
+        a.add(f"layers.{i}.mlp.up_proj.weight", (Is[i], D), "linear", i)
+        a.add(f"layers.{i}.mlp.down_proj.weight", (D, Is[i]), "linear", i)
+        _attn_norms(a, i, D, ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                              "post_feedforward_layernorm", "post_per_layer_input_norm"))
+        a.add(f"layers.{i}.altup.correct_output_scale", (D,), "vector", i)
+        a.add(f"layers.{i}.altup.correction_coefs.weight", (n, n), "linear", i)
+        a.add(f"layers.{i}.altup.prediction_coefs.weight", (n * n, n), "linear", i)
+        a.add(f"layers.{i}.altup.modality_router.weight", (n, D), "linear", i)
+        a.add(f"layers.{i}.altup.router_norm.weight", (D,), "norm", i)
+        a.add(f"layers.{i}.laurel.linear_left.weight", (r, D), "linear", i)
+        a.add(f"layers.{i}.laurel.linear_right.weight", (D, r), "linear", i)
+        a.add(f"layers.{i}.laurel.post_laurel_norm.weight", (D,), "norm", i)
+        a.add(f"layers.{i}.per_layer_input_gate.weight", (P, D), "linear", i)
+        a.add(f"layers.{i}.per_layer_projection.weight", (D, P), "linear", i)
+    a.add("embed_tokens_per_layer.weight", (Vp, L * P), "embedding")
+    a.add("per_layer_model_projection.weight", (L * P, D), "linear")
+    a.add("per_layer_projection_norm.weight", (P,), "norm")
+    for j in range(n - 1):
+        a.add(f"altup_projections.{j}.weight", (D, D), "linear")
+        a.add(f"altup_unembed_projections.{j}.weight", (D, D), "linear")
+    a.add("norm.weight", (D,), "norm")
     return a

@@ -16,6 +16,7 @@ import math
 import os
 import re
 import sys
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -331,7 +332,7 @@ def _grid(report, a, present, bad_tensors, cx):
 
 # ---------------------------------------------------------------------- values
 def _scan_values(cx: _Ctx, report: Report, progress, chunk_bytes):
-    from workbench.checkpoint.values import ChunkReader, Stats, dequant_rows, pread, row_bytes, to_float
+    from workbench.checkpoint.values import ChunkReader, Stats
 
     ck = cx.ck
     # quantized weights: source name -> (spec, scales info, biases info)
@@ -368,6 +369,19 @@ def _scan_values(cx: _Ctx, report: Report, progress, chunk_bytes):
         except ImportError:  # pragma: no cover
             bar = None
     stats = {}
+    import collections
+    import concurrent.futures as cf
+
+    workers = max(1, min(4, os.cpu_count() or 1))
+    pool = cf.ThreadPoolExecutor(workers)
+    pending = collections.deque()
+
+    def drain(fut):
+        key, part, nb = fut.result()
+        stats[key].merge(part)
+        if bar is not None:
+            bar.update(nb)
+
     try:
         for fname in ck.files:
             sf = ck.sfiles[fname]
@@ -382,38 +396,32 @@ def _scan_values(cx: _Ctx, report: Report, progress, chunk_bytes):
                     continue
                 spans.append((t.name, sf.abs_offset(t), t.end - t.begin))
             reader = ChunkReader(sf.path, chunk_bytes)
-            cur = None
-            st = None
-            row = 0
-            scratch = None
-            import numpy as np
-
-            scratch = np.empty(chunk_bytes, np.uint16)
+            rows_done = {}
             for key, b in _aligned(reader, spans, sf, qinfo, chunk_bytes):
-                if key != cur:
-                    cur, st, row = key, Stats(), 0
-                    stats[key] = st
+                if key not in stats:
+                    stats[key] = Stats()
                 if b is None:
                     continue
                 t = sf.tensors[key]
                 if key in qinfo:
                     spec, sc, bi = qinfo[key]
-                    packed = t.shape[-1]
-                    rb = packed * 4
-                    rows = len(b) // rb
-                    ng = sc.shape[-1]
-                    srb = row_bytes(sc.dtype, sc.shape)
-                    sb = pread(os.path.join(str(ck.root), sc.file), sc.offset + row * srb, rows * srb)
-                    bb = pread(os.path.join(str(ck.root), bi.file), bi.offset + row * srb, rows * srb) if bi else None
-                    st.add(dequant_rows(b, sb, bb, rows, packed, ng, spec, sc.dtype))
-                    row += rows
+                    row = rows_done.get(key, 0)
+                    rows = len(b) // (t.shape[-1] * 4)
+                    rows_done[key] = row + rows
+                    task = (key, b, t.dtype, (t.shape[-1], spec, sc, bi, row, rows))
                 else:
-                    st.add(to_float(b, scale_fmt.get(key, t.dtype), scratch))
-                if bar is not None:
-                    bar.update(len(b))
+                    task = (key, b, scale_fmt.get(key, t.dtype), None)
+                pending.append(pool.submit(_chunk_stats, ck, task))
+                while len(pending) > 2 * workers:
+                    drain(pending.popleft())
+        while pending:
+            drain(pending.popleft())
     except (OSError, EOFError) as e:
         cx.add("truncated-file", "error", f"reading values failed: {e}")
     finally:
+        for f in pending:
+            f.cancel()
+        pool.shutdown(wait=True)
         if bar is not None:
             bar.close()
     for name, s in stats.items():
@@ -425,6 +433,32 @@ def _scan_values(cx: _Ctx, report: Report, progress, chunk_bytes):
                    f"{name} holds {d['nan']} NaN, {d['posinf']} +Inf, {d['neginf']} -Inf of {d['count']} values"
                    f"{' (after dequantization)' if name in qinfo else ''}", tensor=name, file=ti.file)
     return stats, qinfo
+
+
+_TLS = threading.local()
+
+
+def _chunk_stats(ck, task):
+    """One chunk's partial statistics (runs in a worker thread; numpy releases the GIL)."""
+    import numpy as np
+
+    from workbench.checkpoint.values import Stats, dequant_rows, pread, row_bytes, to_float
+
+    key, b, fmt, q = task
+    u32 = getattr(_TLS, "u32", None)
+    if u32 is None or u32.size < len(b) // 2:
+        u32 = _TLS.u32 = np.empty(max(len(b) // 2, 1 << 19), np.uint32)
+        _TLS.bools = np.empty(max(len(b), 1 << 20), np.bool_)
+    part = Stats()
+    if q is None:
+        part.add(to_float(b, fmt, u32), _TLS.bools)
+    else:
+        packed, spec, sc, bi, row, rows = q
+        srb = row_bytes(sc.dtype, sc.shape)
+        sb = pread(os.path.join(str(ck.root), sc.file), sc.offset + row * srb, rows * srb)
+        bb = pread(os.path.join(str(ck.root), bi.file), bi.offset + row * srb, rows * srb) if bi else None
+        part.add(dequant_rows(b, sb, bb, rows, packed, sc.shape[-1], spec, sc.dtype))
+    return key, part, len(b)
 
 
 def _aligned(reader, spans, sf, qinfo, chunk_bytes):

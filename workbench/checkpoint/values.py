@@ -26,7 +26,8 @@ _FLT = {"F16": np.float16, "F32": np.float32, "F64": np.float64}
 
 
 class Stats:
-    """Running statistics (Chan's parallel mean / M2)."""
+    """Running statistics of one tensor; partial results of chunks merge exactly
+    (counts) or to float64 precision (Chan's parallel mean / M2)."""
 
     __slots__ = ("n", "nan", "posinf", "neginf", "zeros", "min", "max", "mean", "m2", "finite")
 
@@ -37,37 +38,52 @@ class Stats:
         self.mean = 0.0
         self.m2 = 0.0
 
-    def add(self, x: np.ndarray):
-        """x: 1-D float32/float64 (or integer) array."""
+    def add(self, x: np.ndarray, scratch: np.ndarray | None = None):
+        """x: 1-D array (float32 for float data). ``scratch``: a bool buffer >= x.size."""
         n = x.size
         if n == 0:
             return
         self.n += n
+        b = scratch[:n] if scratch is not None and scratch.size >= n else np.empty(n, np.bool_)
         if x.dtype.kind == "f":
-            nonfinite = n - int(np.count_nonzero(np.isfinite(x)))
-            if nonfinite:
+            np.isfinite(x, out=b)
+            fin = int(np.count_nonzero(b))
+            if fin != n:  # count every non-finite element by kind
                 nan = int(np.count_nonzero(np.isnan(x)))
                 pinf = int(np.count_nonzero(x == np.inf))
                 self.nan += nan
                 self.posinf += pinf
-                self.neginf += nonfinite - nan - pinf
-                x = x[np.isfinite(x)]
-                if x.size == 0:
+                self.neginf += n - fin - nan - pinf
+                x = x[b]
+                m = x.size
+                if m == 0:
                     return
-        m = x.size
-        self.zeros += m - int(np.count_nonzero(x))
-        lo, hi = x.min(), x.max()
+                b = b[:m]
+            else:
+                m = n
+            np.equal(x, 0, out=b)
+            self.zeros += int(np.count_nonzero(b))
+        else:
+            m = n
+            self.zeros += m - int(np.count_nonzero(x))
+        lo, hi = np.minimum.reduce(x), np.maximum.reduce(x)
         self.min = min(self.min, float(lo))
         self.max = max(self.max, float(hi))
-        if x.dtype.kind == "f" and x.dtype != np.float64:
-            s = float(np.sum(x, dtype=np.float64)) if x.dtype != np.float32 else float(np.add.reduce(x))
+        if x.dtype == np.float32:
+            s = float(np.dot(x, _ones(m)))
+            ss = float(np.dot(x, x))
             mu = s / m
-            d = x - np.float32(mu)
-            m2 = float(np.dot(d, d))
+            m2 = ss - s * mu
+            if m2 < 1e-3 * ss or m2 <= 0:  # cancellation (values far from 0): centre first
+                d = x - np.float32(mu)
+                m2 = float(np.dot(d, d))
         else:
             xf = x.astype(np.float64)
             mu = float(xf.mean())
             m2 = float(((xf - mu) ** 2).sum())
+        self._merge(m, mu, m2)
+
+    def _merge(self, m, mu, m2):
         if self.finite == 0:
             self.mean, self.m2 = mu, m2
         else:
@@ -77,22 +93,44 @@ class Stats:
             self.m2 += m2 + delta * delta * self.finite * m / tot
         self.finite += m
 
+    def merge(self, o: "Stats"):
+        self.n += o.n
+        self.nan += o.nan
+        self.posinf += o.posinf
+        self.neginf += o.neginf
+        self.zeros += o.zeros
+        self.min = min(self.min, o.min)
+        self.max = max(self.max, o.max)
+        if o.finite:
+            self._merge(o.finite, o.mean, o.m2)
+
     def to_dict(self) -> dict:
         fin = self.finite
         return {
             "min": self.min if fin else None, "max": self.max if fin else None,
-            "mean": self.mean if fin else None, "std": math.sqrt(self.m2 / fin) if fin else None,
+            "mean": self.mean if fin else None, "std": math.sqrt(max(self.m2, 0.0) / fin) if fin else None,
             "absmax": max(abs(self.min), abs(self.max)) if fin else None,
             "nan": self.nan, "posinf": self.posinf, "neginf": self.neginf,
             "zero_fraction": (self.zeros / self.n) if self.n else 0.0, "count": self.n,
         }
 
 
+_ONES = np.ones(0, np.float32)
+
+
+def _ones(n):
+    global _ONES
+    if _ONES.size < n:
+        _ONES = np.ones(max(n, 1 << 19), np.float32)
+    return _ONES[:n]
+
+
 def _bf16_to_f32(u: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    w = np.empty(u.size * 2, np.uint16) if out is None or out.size < u.size * 2 else out[: u.size * 2]
-    w[0::2] = 0
-    w[1::2] = u
-    return w.view(np.float32)
+    if out is None or out.size < u.size:
+        out = np.empty(u.size, np.uint32)
+    o = out[: u.size]
+    np.left_shift(u, 16, out=o, dtype=np.uint32)
+    return o.view(np.float32)
 
 
 def _lut_e8m0() -> np.ndarray:

@@ -26,6 +26,8 @@ import workbench  # noqa: F401  (fast BLAS before mlx.core)
 from workbench.checkpoint.arch import build_arch
 
 ARCHS = ("gemma4_text", "gemma4_moe", "gemma4_kv", "gemma4", "gemma3_text", "gemma3", "qwen3", "llama")
+#: architectures the inspector knows (and mlx-lm loads) but workbench's model programs do not run
+INSPECT_ONLY_ARCHS = ("gemma3n",)
 QUANTS = (None, "affine4", "affine8", "mxfp4", "mxfp8", "nvfp4")
 LAYOUTS = ("mlx", "hf")
 
@@ -106,6 +108,20 @@ def base_config(arch: str) -> dict:
                 "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 32, "num_hidden_layers": 1,
                                   "intermediate_size": 64, "patch_size": 4},
                 "mm_tokens_per_image": 4, "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0}
+    if arch == "gemma3n":
+        t = {"model_type": "gemma3n_text", "hidden_size": 64, "num_hidden_layers": 4,
+             "intermediate_size": [128, 128, 256, 256], "num_attention_heads": 2, "head_dim": 32,
+             "rms_norm_eps": 1e-6, "vocab_size": 256, "num_key_value_heads": 1, "num_kv_shared_layers": 2,
+             "vocab_size_per_layer_input": 256, "sliding_window": 16, "max_position_embeddings": 4096,
+             "rope_local_base_freq": 10000.0, "rope_theta": 1000000.0, "final_logit_softcapping": 30.0,
+             "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+             "activation_sparsity_pattern": [0.95, 0.0, 0.0, 0.0], "hidden_size_per_layer_input": 16,
+             "altup_num_inputs": 4, "altup_coef_clip": 120.0, "altup_correct_scale": True, "altup_active_idx": 0,
+             "laurel_rank": 16, "rope_scaling": None}
+        return {"model_type": "gemma3n", "text_config": t, "vocab_size": 256,
+                "vision_config": {"model_type": "gemma3n_vision", "hidden_size": 32},
+                "audio_config": {"model_type": "gemma3n_audio", "hidden_size": 32},
+                "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0}
     if arch == "qwen3":
         return {"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 3, "intermediate_size": 128,
                 "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32, "vocab_size": 256,
@@ -117,13 +133,13 @@ def base_config(arch: str) -> dict:
                 "rope_theta": 10000.0, "tie_word_embeddings": False, "max_position_embeddings": 4096,
                 "attention_bias": False, "mlp_bias": False, "bos_token_id": 2, "eos_token_id": 1,
                 "pad_token_id": 0}
-    raise ValueError(f"unknown zoo architecture {arch!r}; choose from {', '.join(ARCHS)}")
+    raise ValueError(f"unknown zoo architecture {arch!r}; choose from {', '.join(ARCHS + INSPECT_ONLY_ARCHS)}")
 
 
 def _tower_tensors(arch: str, text_hidden: int) -> dict:
     """name -> shape of the tiny vision/audio towers (separate components)."""
     t = {}
-    if arch == "gemma4":
+    if arch in ("gemma4", "gemma3n"):
         v = "vision_tower"
         t[f"{v}.patch_embedder.input_proj.weight"] = (32, 48)
         t[f"{v}.patch_embedder.position_embedding_table"] = (2, 16, 32)
@@ -253,7 +269,7 @@ def build(arch: str, dest, *, quant: str | None = None, layout: str = "mlx", sha
           broken=None, tokenizer: bool = True, dtype: str = "bfloat16", **config_overrides) -> Path:
     """Write a tiny random checkpoint of ``arch`` into ``dest`` (created) and return its path.
 
-    arch: one of ARCHS; quant: one of QUANTS; layout: "mlx" (MLX-converted names) or "hf"
+    arch: one of ARCHS (or INSPECT_ONLY_ARCHS); quant: one of QUANTS; layout: "mlx" (MLX-converted names) or "hf"
     (original Hugging Face names, fused MoE experts, unquantized); shards: number of
     .safetensors files (an index is written when > 1); broken: a name (or list) from
     BROKEN; dtype: "bfloat16" (default), "float16" or "float32" for the float tensors (MLX's CPU
@@ -262,8 +278,8 @@ def build(arch: str, dest, *, quant: str | None = None, layout: str = "mlx", sha
     """
     import mlx.core as mx
 
-    if arch not in ARCHS:
-        raise ValueError(f"unknown zoo architecture {arch!r}; choose from {', '.join(ARCHS)}")
+    if arch not in ARCHS + INSPECT_ONLY_ARCHS:
+        raise ValueError(f"unknown zoo architecture {arch!r}; choose from {', '.join(ARCHS + INSPECT_ONLY_ARCHS)}")
     if quant not in QUANTS:
         raise ValueError(f"unknown quantization {quant!r}; choose from {QUANTS}")
     if layout not in LAYOUTS:
@@ -302,6 +318,8 @@ def build(arch: str, dest, *, quant: str | None = None, layout: str = "mlx", sha
     # input width fits the group size; Gemma 4's router.proj stays 8-bit affine)
     qblock = None
     prefix = {"mlx": "language_model.model." if multimodal else "model.", "hf": ""}[layout]
+    if arch == "gemma3n":
+        prefix = "model.language_model."
     if quant:
         mode, bits, gs = QUANT_SPECS[quant]
         qblock = {"group_size": gs, "bits": bits, "mode": mode}
@@ -341,7 +359,7 @@ def build(arch: str, dest, *, quant: str | None = None, layout: str = "mlx", sha
             stored[f"model.layers.{i}.self_attn.rotary_emb.inv_freq"] = mx.array(
                 (1.0 / (10000.0 ** (np.arange(0, 32, 2) / 32))).astype(np.float32))
     for n, shp in _tower_tensors(arch, tc["hidden_size"]).items():
-        nm = ("model." + n) if (layout == "hf" and arch == "gemma4") else n
+        nm = ("model." + n) if ((layout == "hf" and arch == "gemma4") or arch == "gemma3n") else n
         val = (1.0 if n.endswith("norm.weight") or "layernorm" in n else 0.0) if len(shp) == 1 else None
         if val is None:
             stored[nm] = mx.array((0.02 * rng.standard_normal(shp)).astype(np.float32)).astype(dtype)
@@ -370,7 +388,7 @@ def _stored_name(n: str, arch: str, layout: str, multimodal: bool) -> str:
         if layout == "mlx" and multimodal:
             return "language_model." + n
         return n
-    if layout == "hf" and arch == "gemma4":
+    if (layout == "hf" and arch == "gemma4") or arch == "gemma3n":
         return "model.language_model." + n
     if multimodal:
         return "language_model.model." + n
