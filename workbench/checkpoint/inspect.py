@@ -587,20 +587,23 @@ def render(r: Report, color: bool = False) -> str:
     for n in r.notes[:5]:
         out.append(f"  note: {n}")
     if r.tensors and any("stats" in t for t in r.tensors):
-        out.append("  values:")
-        worst = sorted((t for t in r.tensors if t.get("stats")),
-                       key=lambda t: -(t["stats"]["nan"] + t["stats"]["posinf"] + t["stats"]["neginf"]))
-        for t in worst[:3] if not any(t["stats"]["nan"] + t["stats"]["posinf"] + t["stats"]["neginf"]
-                                      for t in worst) else worst[:20]:
+        scanned = [t for t in r.tensors if t.get("stats")]
+        bad = [t for t in scanned if t["stats"]["nan"] + t["stats"]["posinf"] + t["stats"]["neginf"]]
+        out.append(f"  values: {len(scanned)} tensors scanned, {len(bad)} with NaN/Inf"
+                   + (" (quantized weights dequantized)" if any(t.get("dequantized") for t in scanned) else ""))
+        fin = [t for t in scanned if t["stats"]["absmax"] is not None]
+        show = bad[:20] + [t for t in sorted(fin, key=lambda t: -t["stats"]["absmax"]) if t not in bad][:3]
+        if fin:
+            zs = max(fin, key=lambda t: t["stats"]["zero_fraction"])
+            if zs["stats"]["zero_fraction"] > 0.5 and zs not in show:
+                show.append(zs)
+        for t in show:
             s = t["stats"]
-            if s["min"] is None:
-                rng = "no finite values"
-            else:
-                rng = f"min {s['min']:.4g} max {s['max']:.4g} mean {s['mean']:.4g} std {s['std']:.4g}"
-            out.append(f"    {t['name']}: {rng}, nan {s['nan']} +inf {s['posinf']} -inf {s['neginf']}, "
+            rng = "no finite values" if s["min"] is None else \
+                f"min {s['min']:.4g} max {s['max']:.4g} mean {s['mean']:.4g} std {s['std']:.4g}"
+            out.append(f"    {t['name']}: {rng}; NaN {s['nan']}, +Inf {s['posinf']}, -Inf {s['neginf']}, "
                        f"zeros {100 * s['zero_fraction']:.1f}%")
-        scanned = sum(1 for t in r.tensors if t.get("stats"))
-        out.append(f"    ({scanned} tensors scanned; --json lists every tensor's statistics)")
+        out.append("    (largest |values| shown; --json lists every tensor's statistics)")
     errs = [p for p in r.problems if p.severity == "error"]
     warns = [p for p in r.problems if p.severity != "error"]
     if r.problems:
@@ -624,17 +627,27 @@ def render(r: Report, color: bool = False) -> str:
 def diff(a, b, values: bool = False, progress=None) -> dict:
     """What differs between two checkpoints: names (canonical for the language model, as
     stored for other components), shapes, dtypes, quantization; with values, statistics."""
-    ra = inspect(a, values=values, tensors=True, progress=progress)
-    rb = inspect(b, values=values, tensors=True, progress=progress)
+    cka = a if isinstance(a, Checkpoint) else open_checkpoint(a)
+    ckb = b if isinstance(b, Checkpoint) else open_checkpoint(b)
+    ra = inspect(cka, values=values, tensors=True, progress=progress)
+    rb = inspect(ckb, values=values, tensors=True, progress=progress)
 
-    def table(r):
+    def table(r, ck):
+        """canonical LM names (fused HF experts split into their halves) + other components as stored"""
+        src = {d["name"]: d for d in r.tensors}
         t = {}
-        for d in r.tensors:
-            key = d["canonical"] or d["name"]
-            t[key] = d
+        for cn in ck.lm_names():
+            ti = ck.info(cn)
+            d = src.get(ti.source_name, {})
+            q = ck.quant_of(cn[: -len(".weight")]) if cn.endswith(".weight") else None
+            t[cn] = {"shape": list(ti.shape), "dtype": ti.dtype, "quantization": q.to_dict() if q else None,
+                     "stats": d.get("stats") if ti.part is None else None}
+        for name, d in src.items():
+            if d["component"] != "language_model":
+                t[name] = {"shape": d["shape"], "dtype": d["dtype"], "quantization": None, "stats": d.get("stats")}
         return t
 
-    ta, tb = table(ra), table(rb)
+    ta, tb = table(ra, cka), table(rb, ckb)
     only_a = sorted(set(ta) - set(tb))
     only_b = sorted(set(tb) - set(ta))
     shape, dtype, quant, vals = [], [], [], []
