@@ -288,3 +288,17 @@ def test_diff(tmp_path, capsys):
     assert main(["inspect", str(a), "--diff", str(e)]) == 1
     out = capsys.readouterr().out
     assert "dtype differs" in out and "only in b" in out  # .scales/.biases
+
+
+def test_diff_hf_vs_mlx_moe_is_same(tmp_path):
+    from workbench.checkpoint.inspect import diff
+
+    a = zoo.build("gemma4_moe", tmp_path / "hf", layout="hf", shards=2, dtype="float32")
+    b = zoo.build("gemma4_moe", tmp_path / "mlx", dtype="float32")
+    d = diff(a, b, values=True, progress=False)
+    assert d["same"], d  # fused gate_up_proj compared half by half with switch_glu.gate/up_proj
+    c = zoo.build("gemma4_moe", tmp_path / "q", quant="mxfp4")
+    d = diff(b, c)
+    assert not d["same"]
+    q = {x["tensor"]: x for x in d["quantization"]}
+    assert q["layers.0.router.proj.weight"]["b"] == {"mode": "affine", "bits": 8, "group_size": 64}
