@@ -9,8 +9,9 @@ rules that produce them:
     a dispatch reads and writes exactly the same bytes of one buffer and its kernel does
     not declare that (read arg, write arg) pair in ``kernels[k].inplace``;
 ``partial-overlap``
-    a read and a write of one dispatch overlap without being equal (and the pair is not
-    declared in-place), or two writes of one dispatch overlap at all;
+    a read and a write of one dispatch overlap without being equal (an in-place
+    declaration does not cover this: element k of the output lands on another element of
+    the input), or two writes of one dispatch overlap at all;
 ``raw`` / ``war`` / ``waw``
     in ``"concurrent"`` mode, a dispatch reads bytes an earlier dispatch of the same
     concurrent region writes (raw), writes bytes it reads (war), or writes bytes it
@@ -322,15 +323,16 @@ def _intra(idx, me, name, kernel, pairs, reads, writes, bufs, add, who) -> None:
 
 
 def _pair(idx, me, name, kdesc, decl, pairs, buf, r, rs, re_, w, ws, we, add, bufs, who) -> None:
-    if (r.arg, w.arg) in pairs:
-        return
+    equal = rs == ws and re_ == we
+    if equal and (r.arg, w.arg) in pairs:
+        return  # declared in-place: the kernel reads each element before writing it
     rdesc = f"{r.arg} ({r.value!r})" if r.value is not None else r.arg
     lo, hi = max(rs, ws), min(re_, we)
     producer = -1
     for _, _, (wi, _) in bufs[buf].written.overlaps(lo, hi):
         producer = max(producer, wi)
     src = f" (the input there was last written by {who(producer)})" if producer >= 0 else ""
-    if rs == ws and re_ == we:
+    if equal:
         add(Hazard("alias-in-dispatch", idx, None, buf, (rs, re_),
                    f"{me} reads {rdesc} and writes {w.arg} at the same {_bytes(buf, rs, re_)}{src}, and {kdesc} does "
                    f"not declare ({r.arg!r}, {w.arg!r}) in-place: a kernel working tile by tile reads input its "

@@ -23,6 +23,9 @@ Invariants:
    and writes only its own slot; weights are immutable and live outside the pool;
 3. scratch bytes start as 0xFF (NaN for floats) and program inputs are written by the
    host before the first dispatch (their buffers are ``initialized``);
+   a dispatch whose integer or boolean input (token ids, masks, expert indices) is not
+   bit-identical to the reference is not run (a GPU would index out of bounds; MLX would
+   crash) and writes 0xFF bytes (NaN) instead;
 4. the recorded schedule (mode serial, one command buffer) lists, per dispatch, reads of
    ``in0``, ``in1``, ... labelled with the input's name and a write of ``out`` labelled
    with the op's name; kernels are op kinds, and element-wise kinds declare their
@@ -277,6 +280,12 @@ class Emulator:
             v = ref[op.name]
             self.shapes[op.name] = (tuple(v.shape), v.dtype)
         self.reference = {op.name: _as_np(ref[op.name]) for op in self.program.ops}
+        # integer / boolean values (token ids, masks, expert indices) are only used as they
+        # were in the reference: garbage indices would make MLX read out of bounds
+        self._index_like = {n for n, (_, dt) in self.shapes.items()
+                            if not mx.issubdtype(dt, mx.floating)}
+        self._ref_bytes = {n: _to_bytes(self.feeds[n] if n in self.feeds else ref[n]).tobytes()
+                           for n in self._index_like}
         self.nbytes = {n: int(np.prod(s, dtype=np.int64)) * np.dtype(_np_dtype(dt)).itemsize
                        for n, (s, dt) in self.shapes.items()}
 
@@ -326,13 +335,22 @@ class Emulator:
             raw = _to_bytes(v)
             pool[s.buffer][s.offset: s.offset + raw.size] = raw
 
-        def read(name: str) -> mx.array:
-            s = plan.slots[name]
-            shape, dt = self.shapes[name]
-            raw = pool[s.buffer][s.offset: s.offset + self.nbytes[name]].copy()
-            return _from_bytes(raw, shape, dt)
-
         ctx = self._make_ctx()
+
+        def compute(op) -> np.ndarray:
+            """Output bytes of one run of the op's kernel on the current buffer contents."""
+            args = []
+            for src in op.inputs:
+                s = plan.slots[src]
+                raw = pool[s.buffer][s.offset: s.offset + self.nbytes[src]].copy()
+                if src in self._index_like and raw.tobytes() != self._ref_bytes[src]:
+                    # clobbered token ids / masks / indices: a GPU kernel would index out of
+                    # bounds; the emulator does not run it and writes garbage (0xFF) instead
+                    return np.full(self.nbytes[op.name], POISON, np.uint8)
+                shape, dt = self.shapes[src]
+                args.append(_from_bytes(raw, shape, dt))
+            return _to_bytes(op.fn(ctx, *args))
+
         events: list[Event] = []
         outputs: dict[str, np.ndarray] = {}
         for op in prog.ops:
@@ -350,10 +368,9 @@ class Emulator:
                                 writes=[Access("out", out_slot.buffer, o0, n_out, op.name)]))
             dest = pool[out_slot.buffer]
             if not aliased:
-                raw = _to_bytes(op.fn(ctx, *[read(s) for s in op.inputs]))
-                dest[o0:o1] = raw
+                dest[o0:o1] = compute(op)
             else:
-                self._tiled(op, ctx, read, dest, o0, n_out)
+                self._tiled(op, compute, dest, o0, n_out)
             shape, dt = self.shapes[op.name]
             outputs[op.name] = _host(dest[o0:o1].copy(), shape, dt)
         events.append(Event("commit", cb=0))
@@ -369,7 +386,7 @@ class Emulator:
         logits = _host(pool[s.buffer][s.offset: s.offset + self.nbytes[last]].copy(), shape, dt)
         return EmulatorRun(plan, sch, logits, outputs, self.reference, last)
 
-    def _tiled(self, op, ctx, read, dest: np.ndarray, o0: int, n_out: int) -> None:
+    def _tiled(self, op, compute, dest: np.ndarray, o0: int, n_out: int) -> None:
         """A kernel whose output overlaps an input: write tile t, then read inputs for tile t+1."""
         shape, dt = self.shapes[op.name]
         item = np.dtype(_np_dtype(dt)).itemsize
@@ -380,5 +397,5 @@ class Emulator:
         tile = max(1, row // self.tiles, -(-elems // 256))  # at most 256 tiles per dispatch
         for t0 in range(0, elems, tile):
             t1 = min(elems, t0 + tile)
-            raw = _to_bytes(op.fn(ctx, *[read(s) for s in op.inputs]))
+            raw = compute(op)
             dest[o0 + t0 * item: o0 + t1 * item] = raw[t0 * item: t1 * item]
