@@ -159,3 +159,31 @@ def test_seed_case_attention_output_aliasing(model, tmp_path, capsys):
     fixed.schedule.save(p)
     assert cli_main(["hazards", str(p)]) == 0
     assert analyze(str(p)) == []
+
+
+def test_concurrent_recording_barriers_and_command_buffers(model):
+    emu = Emulator(model, IDS)
+    auto = emu.run(mode="concurrent")
+    ev = auto.schedule.events
+    n_disp = sum(e.type == "dispatch" for e in ev)
+    n_bar = sum(e.type == "barrier" for e in ev)
+    assert auto.schedule.mode == "concurrent" and auto.exact
+    assert auto.hazards == [] and 0 < n_bar < n_disp   # barriers only where needed, and some overlap allowed
+    # k and v projections read the same norm output and write separate buffers: one region
+    i = auto.dispatch_of("layers.0.self_attn.k_proj")
+    j = auto.dispatch_of("layers.0.self_attn.v_proj")
+    assert j == i + 1
+    assert all(e.type == "dispatch" for e in ev[i:j + 1])
+    none = emu.run(mode="concurrent", barriers="none")
+    first = none.hazards[0]
+    assert (first.kind, first.event, first.other) == ("raw", 1, 0)   # op 1 reads what op 0 writes
+    assert {h.kind for h in none.hazards} == {"raw", "war", "waw"}
+    assert emu.run(mode="concurrent", barriers="all").hazards == []
+    # command buffers: a commit after layer 0; reusing the committed one is the seed's crash
+    split = emu.run(commit_after=["layers.0"])
+    assert split.hazards == [] and {e.cb for e in split.schedule.events if e.type == "dispatch"} == {0, 1}
+    reuse = emu.run(commit_after=["layers.0"], reuse_committed=True)
+    h = reuse.hazards[0]
+    commit = next(k for k, e in enumerate(reuse.schedule.events) if e.type == "commit")
+    assert (h.kind, h.event, h.other) == ("cb-reuse", reuse.dispatch_of("layers.1.input_layernorm"), commit)
+    assert {x.kind for x in reuse.hazards} == {"cb-reuse"}

@@ -26,7 +26,8 @@ Invariants:
    a dispatch whose integer or boolean input (token ids, masks, expert indices) is not
    bit-identical to the reference is not run (a GPU would index out of bounds; MLX would
    crash) and writes 0xFF bytes (NaN) instead;
-4. the recorded schedule (mode serial, one command buffer) lists, per dispatch, reads of
+4. the recorded schedule (serial, or concurrent with barriers; one command buffer unless
+   ``commit_after`` splits it) lists, per dispatch, reads of
    ``in0``, ``in1``, ... labelled with the input's name and a write of ``out`` labelled
    with the op's name; kernels are op kinds, and element-wise kinds declare their
    (input, out) pairs in-place, because tile-by-tile is exact for them.
@@ -36,7 +37,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from difflib import get_close_matches
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -44,6 +45,7 @@ import workbench  # noqa: F401  (fast BLAS before mlx.core)
 import mlx.core as mx
 
 from workbench.buffers.analyze import Hazard, analyze
+from workbench.buffers.ranges import RangeMap
 from workbench.buffers.schedule import Access, Buffer, Event, Schedule
 from workbench.program import Program, execute
 
@@ -318,8 +320,27 @@ class Emulator:
 
     # ------------------------------------------------------------------ running
 
-    def run(self, plan: Plan | None = None) -> EmulatorRun:
-        """Run every op as a dispatch on the plan's buffers; record the schedule."""
+    def run(self, plan: Plan | None = None, *, mode: str = "serial", barriers: str = "auto",
+            commit_after: Sequence[str] = (), reuse_committed: bool = False) -> EmulatorRun:
+        """Run every op as a dispatch on the plan's buffers; record the schedule.
+
+        mode: "serial", or "concurrent" (dispatches between barriers may overlap, as with a
+        Metal concurrent encoder) with ``barriers`` "auto" (a barrier exactly where a
+        dispatch touches bytes the current region writes, or writes bytes it reads -- the
+        way ggml-metal places them), "none", or "all" (after every dispatch).  Races are
+        recorded for the analyzer; the numbers are always those of serial execution.
+        commit_after: op names after which the command buffer is committed and a new one
+        begun; ``reuse_committed=True`` keeps encoding into the committed one instead (the
+        crash from the seed reports).
+        """
+        if mode not in ("serial", "concurrent"):
+            raise ValueError(f"mode must be 'serial' or 'concurrent', got {mode!r}")
+        if barriers not in ("auto", "none", "all"):
+            raise ValueError(f"barriers must be 'auto', 'none' or 'all', got {barriers!r}")
+        commits = set(commit_after)
+        unknown = [n for n in commits if n not in self.program._index]
+        if unknown:
+            raise KeyError(f"commit_after names no op {unknown[0]!r}")
         plan = plan if plan is not None else self.plan()
         prog = self.program
         for n in list(self.feeds) + prog.names:
@@ -353,6 +374,9 @@ class Emulator:
 
         events: list[Event] = []
         outputs: dict[str, np.ndarray] = {}
+        cb = 0
+        region_r: dict[str, RangeMap] = {}
+        region_w: dict[str, RangeMap] = {}
         for op in prog.ops:
             out_slot = plan.slots[op.name]
             n_out = self.nbytes[op.name]
@@ -364,8 +388,29 @@ class Emulator:
                 reads.append(Access(f"in{k}", s.buffer, s.offset, self.nbytes[src], src))
                 if s.buffer == out_slot.buffer and s.offset < o1 and o0 < s.offset + self.nbytes[src]:
                     aliased = True
-            events.append(Event("dispatch", name=op.name, kernel=op.kind, cb=0, reads=reads,
-                                writes=[Access("out", out_slot.buffer, o0, n_out, op.name)]))
+            writes = [Access("out", out_slot.buffer, o0, n_out, op.name)]
+            if mode == "concurrent" and barriers == "auto" and events and events[-1].type == "dispatch":
+                clash = any(region_w.get(a.buffer) is not None and region_w[a.buffer].any_overlap(a.offset, a.end)
+                            for a in reads)
+                clash = clash or any(m.get(a.buffer) is not None and m[a.buffer].any_overlap(a.offset, a.end)
+                                     for a in writes for m in (region_r, region_w))
+                if clash:
+                    events.append(Event("barrier"))
+                    region_r, region_w = {}, {}
+            events.append(Event("dispatch", name=op.name, kernel=op.kind, cb=cb, reads=reads, writes=writes))
+            if mode == "concurrent":
+                for accs, m in ((reads, region_r), (writes, region_w)):
+                    for a in accs:
+                        m.setdefault(a.buffer, RangeMap()).assign(a.offset, a.end, 1)
+                if barriers == "all":
+                    events.append(Event("barrier"))
+                    region_r, region_w = {}, {}
+            if op.name in commits:
+                events.append(Event("commit", cb=cb))
+                events.append(Event("complete", cb=cb))
+                region_r, region_w = {}, {}
+                if not reuse_committed:
+                    cb += 1
             dest = pool[out_slot.buffer]
             if not aliased:
                 dest[o0:o1] = compute(op)
@@ -373,10 +418,11 @@ class Emulator:
                 self._tiled(op, compute, dest, o0, n_out)
             shape, dt = self.shapes[op.name]
             outputs[op.name] = _host(dest[o0:o1].copy(), shape, dt)
-        events.append(Event("commit", cb=0))
-        events.append(Event("complete", cb=0))
+        if prog.ops[-1].name not in commits:
+            events.append(Event("commit", cb=cb))
+            events.append(Event("complete", cb=cb))
         used = {e.kernel for e in events if e.type == "dispatch"}
-        sch = Schedule(mode="serial",
+        sch = Schedule(mode=mode,
                        buffers={b: Buffer(declared[b], b in input_bufs) for b in declared},
                        kernels={k: list(v) for k, v in self.inplace.items() if k in used},
                        events=events)
