@@ -1,0 +1,82 @@
+"""Engine diff cost: dumping every op and diffing an engine dump, vs one plain forward, in one run.
+
+    python benchmarks/bench_diff.py [--tokens 128] [--reps 3]
+
+Builds a ~45M-parameter Gemma-4-shaped checkpoint with the zoo (8 layers, d=512), then
+times (median of reps): the uncaptured forward; ``workbench.diff.dump`` of every op to a
+float32 safetensors file; ``workbench.diff.compare`` of that dump (read back from disk as
+an engine dump, one op perturbed) against a fresh reference run; and the same compare
+with a bfloat16 noise floor (a second reference run).  Prints each as a ratio to the
+forward and the dump size.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import workbench  # noqa: F401  (fast BLAS before mlx.core)
+import mlx.core as mx
+import numpy as np
+
+from workbench import zoo
+from workbench.diff import compare, dump, read_dump
+from workbench.program import execute
+
+SHAPE = dict(hidden_size=512, num_hidden_layers=8, intermediate_size=2048, num_attention_heads=8,
+             head_dim=64, global_head_dim=128, num_key_value_heads=2, num_kv_shared_layers=2,
+             hidden_size_per_layer_input=64, vocab_size=8192, vocab_size_per_layer_input=8192,
+             sliding_window=128, sliding_window_pattern=4,
+             layer_types=["sliding_attention"] * 3 + ["full_attention"] + ["sliding_attention"] * 3 + ["full_attention"])
+
+
+def timed(f, reps):
+    f()  # warm up
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        out = f()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts), out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--reps", type=int, default=3)
+    a = p.parse_args(argv)
+    with tempfile.TemporaryDirectory() as d:
+        path = zoo.build("gemma4_text", Path(d) / "g4", dtype="float32", tokenizer=False, **SHAPE)
+        model = workbench.load(path)
+        ids = [(7 * i + 3) % 8192 for i in range(a.tokens)]
+        ctx = model.context()
+        feeds = model.feeds(mx.array([ids], mx.int32))
+
+        t_fwd, _ = timed(lambda: mx.eval(execute(model.program, ctx, feeds)["logits"]), a.reps)
+        out = Path(d) / "ref.safetensors"
+        t_dump, ref = timed(lambda: dump(model, out=out, ids=ids), a.reps)
+        eng, _ = read_dump(out)
+        target = "layers.4.mlp.down_proj"
+        eng[target] = eng[target] * np.float32(1.2)
+        t_cmp, rep = timed(lambda: compare(model, eng, ids=ids), a.reps)
+        t_noise, rep2 = timed(lambda: compare(model, eng, ids=ids, noise_floor="bfloat16"), a.reps)
+        size = out.stat().st_size
+    assert rep.first_divergence.op == target
+    print(f"gemma4_text {len(model.program)} ops, {a.tokens} tokens, float32, device {mx.default_device()}")
+    print(f"  forward (uncaptured)        {t_fwd * 1e3:8.1f} ms")
+    print(f"  dump every op               {t_dump * 1e3:8.1f} ms   {t_dump / t_fwd:5.1f}x forward   "
+          f"({len(ref.values)} ops, {size / 1e6:.1f} MB)")
+    print(f"  compare (run + metrics)     {t_cmp * 1e3:8.1f} ms   {t_cmp / t_fwd:5.1f}x forward   "
+          f"({rep.compared} ops compared)")
+    fd2 = rep2.first_divergence
+    print(f"  compare with noise floor    {t_noise * 1e3:8.1f} ms   {t_noise / t_fwd:5.1f}x forward   "
+          f"(first divergence: {fd2.op if fd2 else None}; bf16 noise nmse at {target}: "
+          f"{rep2[target].noise_nmse:.2g}, its nmse {rep2[target].nmse:.2g})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
