@@ -302,3 +302,39 @@ def test_diff_hf_vs_mlx_moe_is_same(tmp_path):
     assert not d["same"]
     q = {x["tensor"]: x for x in d["quantization"]}
     assert q["layers.0.router.proj.weight"]["b"] == {"mode": "affine", "bits": 8, "group_size": 64}
+
+
+@pytest.mark.parametrize("case", ["normal", "negative", "positive", "zeros", "signed-zero", "nonfinite", "tiny"])
+def test_bf16_fast_path_matches_exact(case):
+    from workbench.checkpoint.values import Stats, _bf16_to_f32
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(5000).astype(np.float32)
+    if case == "negative":
+        x = -np.abs(x) - 0.5
+    elif case == "positive":
+        x = np.abs(x) + 3.0
+    elif case == "zeros":
+        x[::7] = 0
+    elif case == "signed-zero":
+        x = np.array([-0.0, 0.0, -0.0], np.float32)
+    elif case == "nonfinite":
+        x[[3, 9]] = np.inf
+        x[5] = -np.inf
+        x[100] = np.nan
+    elif case == "tiny":
+        x = x * 1e-30
+    u = (x.view(np.uint32) >> 16).astype(np.uint16)
+    fast, exact = Stats(), Stats()
+    for part in np.array_split(u, 3):
+        fast.add_bf16(part)
+        exact.add(_bf16_to_f32(part).copy())
+    a, b = fast.to_dict(), exact.to_dict()
+    for k in ("nan", "posinf", "neginf", "count", "zero_fraction", "min", "max", "absmax"):
+        assert a[k] == b[k], k
+    assert a["mean"] == pytest.approx(b["mean"], rel=1e-9, abs=1e-40)
+    assert a["std"] == pytest.approx(b["std"], rel=1e-9, abs=1e-40)
+    ref = _bf16_to_f32(u).astype(np.float64)
+    fin = ref[np.isfinite(ref)]
+    assert a["min"] == fin.min() and a["max"] == fin.max()
+    assert a["mean"] == pytest.approx(fin.mean(), rel=1e-5, abs=1e-35)

@@ -149,7 +149,8 @@ def test_index_mutations(monkeypatch, repl, extra, garbage, values):
 
 @SETTINGS
 @given(cfg=_json | st.fixed_dictionaries({"model_type": st.sampled_from(["qwen3", "gemma4", "llama", "x"]),
-                                          "num_hidden_layers": st.one_of(st.integers(-2, 400), st.text(max_size=3)),
+                                          "num_hidden_layers": st.one_of(st.integers(-2, 400), st.text(max_size=3),
+                                                                             st.integers(10**4, 10**12)),
                                           "hidden_size": st.integers(-1, 128)}))
 def test_config_mutations(cfg):
     d = _fresh("cf")

@@ -74,6 +74,11 @@ def family_of(config: dict) -> str | None:
     return FAMILIES.get(mt)
 
 
+#: sanity caps: a config beyond them describes no real model (and must not make us hang)
+_CAPS = {"num_hidden_layers": 10_000, "num_experts": 100_000}
+_CAP = 1 << 31
+
+
 def _int(cfg, key, default=None, *, positive=True, allow_none=False):
     v = cfg.get(key, default)
     if v is None and allow_none:
@@ -83,6 +88,8 @@ def _int(cfg, key, default=None, *, positive=True, allow_none=False):
             raise ConfigError(f"config.json: required field {key!r} is missing")
         raise ConfigError(f"config.json: field {key!r} must be a {'positive' if positive else 'non-negative'} "
                           f"integer, got {v!r}")
+    if v > _CAPS.get(key, _CAP):
+        raise ConfigError(f"config.json: field {key!r} = {v} is implausibly large")
     return v
 
 

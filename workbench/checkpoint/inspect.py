@@ -448,9 +448,12 @@ def _chunk_stats(ck, task):
     u32 = getattr(_TLS, "u32", None)
     if u32 is None or u32.size < len(b) // 2:
         u32 = _TLS.u32 = np.empty(max(len(b) // 2, 1 << 19), np.uint32)
+        _TLS.u16 = np.empty(max(len(b) // 2, 1 << 19), np.uint16)
         _TLS.bools = np.empty(max(len(b), 1 << 20), np.bool_)
     part = Stats()
-    if q is None:
+    if q is None and fmt == "BF16":
+        part.add_bf16(np.frombuffer(b, np.uint16), u32, _TLS.u16)
+    elif q is None:
         part.add(to_float(b, fmt, u32), _TLS.bools)
     else:
         packed, spec, sc, bi, row, rows = q

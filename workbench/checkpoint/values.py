@@ -70,17 +70,46 @@ class Stats:
         self.min = min(self.min, float(lo))
         self.max = max(self.max, float(hi))
         if x.dtype == np.float32:
-            s = float(np.dot(x, _ones(m)))
-            ss = float(np.dot(x, x))
-            mu = s / m
-            m2 = ss - s * mu
-            if m2 < 1e-3 * ss or m2 <= 0:  # cancellation (values far from 0): centre first
-                d = x - np.float32(mu)
-                m2 = float(np.dot(d, d))
+            self._moments(x, m)
+            return
         else:
             xf = x.astype(np.float64)
             mu = float(xf.mean())
             m2 = float(((xf - mu) ** 2).sum())
+        self._merge(m, mu, m2)
+
+    def add_bf16(self, u: np.ndarray, f32buf: np.ndarray | None = None, u16buf: np.ndarray | None = None):
+        """BF16 bits (uint16). Fast path with fewer passes: special values (zero, NaN/Inf) and
+        min / max are found on the 16-bit patterns; every element is still examined, and any
+        NaN/Inf sends the chunk through the exact per-kind counting of ``add``."""
+        n = u.size
+        if n == 0:
+            return
+        v = u16buf[:n] if u16buf is not None and u16buf.size >= n else np.empty(n, np.uint16)
+        np.bitwise_and(u, 0x7FFF, out=v)  # magnitude bits
+        if int(np.maximum.reduce(v)) >= 0x7F80:  # some element is NaN or +-Inf
+            self.add(_bf16_to_f32(u, f32buf))
+            return
+        zeros = n - int(np.count_nonzero(v)) if int(np.minimum.reduce(v)) == 0 else 0
+        i16 = u.view(np.int16)
+        imax, umax = int(np.maximum.reduce(i16)), int(np.maximum.reduce(u))
+        hi = imax if imax >= 0 else int(np.minimum.reduce(i16)) & 0xFFFF  # all negative: smallest magnitude
+        lo = umax if umax >= 0x8000 else int(np.minimum.reduce(u))  # any negative: largest magnitude
+        x = _bf16_to_f32(u, f32buf)
+        self.n += n
+        self.zeros += zeros
+        self.min = min(self.min, _bf16_value(lo))
+        self.max = max(self.max, _bf16_value(hi))
+        self._moments(x, n)
+
+    def _moments(self, x, m):
+        s = float(np.dot(x, _ones(m)))
+        ss = float(np.dot(x, x))
+        mu = s / m
+        m2 = ss - s * mu
+        if m2 < 1e-3 * ss or m2 <= 0:  # cancellation (values far from 0): centre first
+            d = x - np.float32(mu)
+            m2 = float(np.dot(d, d))
         self._merge(m, mu, m2)
 
     def _merge(self, m, mu, m2):
@@ -113,6 +142,10 @@ class Stats:
             "nan": self.nan, "posinf": self.posinf, "neginf": self.neginf,
             "zero_fraction": (self.zeros / self.n) if self.n else 0.0, "count": self.n,
         }
+
+
+def _bf16_value(bits: int) -> float:
+    return float(np.array([bits << 16], np.uint32).view(np.float32)[0])
 
 
 _ONES = np.ones(0, np.float32)
