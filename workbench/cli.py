@@ -59,4 +59,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from workbench.cli import main as _main  # the package module, so UsageError is the one commands raise
+    sys.exit(_main())

@@ -6,7 +6,6 @@ invalid (one line naming the event index and field).
 from __future__ import annotations
 
 import json
-import time
 
 from workbench.buffers.analyze import analyze, summarize
 from workbench.buffers.schedule import ScheduleError, load_schedule
@@ -24,7 +23,6 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from workbench.cli import UsageError
 
-    t0 = time.perf_counter()
     try:
         sch = load_schedule(args.schedule)
     except ScheduleError as e:
@@ -36,15 +34,13 @@ def run(args) -> int:
         if bad:
             raise UsageError(f"unknown hazard kind {bad[0]!r} (kinds: {', '.join(KINDS)})")
         hazards = [h for h in hazards if h.kind in args.kind]
-    dt = time.perf_counter() - t0
     n_disp = sum(1 for e in sch.events if e.type == "dispatch")
     if args.json:
         print(json.dumps({"schedule": args.schedule, "mode": sch.mode, "events": len(sch.events),
                           "dispatches": n_disp, "buffers": len(sch.buffers), "counts": summarize(hazards),
                           "hazards": [h.to_dict() for h in hazards]}))
     else:
-        head = (f"{args.schedule}: {len(sch.events)} events ({n_disp} dispatches), mode {sch.mode}, "
-                f"analysed in {dt:.2f}s")
+        head = f"{args.schedule}: {len(sch.events)} events ({n_disp} dispatches), mode {sch.mode}"
         if not hazards:
             print(f"{head}: no hazards")
         else:
