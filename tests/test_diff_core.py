@@ -286,3 +286,25 @@ def test_unusable_dumps_are_named(tmp_path):
     with pytest.raises(DumpError):
         read_dump(tmp_path / "obj.npz")
     assert (tmp_path / "obj.npz").read_bytes() == before
+
+
+@pytest.mark.parametrize("offset, noise", [(0.0, 1e-4), (0.0, 0.3), (100.0, 1e-3), (0.0, 1e-6)])
+def test_metrics_match_float64_definitions(offset, noise):
+    g = np.random.default_rng(7)
+    r = (g.normal(size=200_000) + offset).astype(np.float32)
+    e = (r + g.normal(size=r.size) * noise).astype(np.float32)
+    m = error_metrics(r, e)
+    r64, e64 = r.astype(np.float64), e.astype(np.float64)
+    one_minus_cos = 1 - np.dot(r64, e64) / np.sqrt(np.dot(r64, r64) * np.dot(e64, e64))
+    assert 1 - m["cosine"] == pytest.approx(one_minus_cos, rel=1e-2, abs=1e-12)
+    assert m["nmse"] == pytest.approx(np.mean((e64 - r64) ** 2) / np.var(r64), rel=1e-3)
+    assert m["max_abs"] == pytest.approx(np.abs(e64 - r64).max(), rel=1e-6)
+
+
+def test_mask_fill_is_left_out():
+    r = np.array([1.0, 2.0, -3.4e38, -np.inf, 3.0], np.float32)
+    e = np.array([1.0, 2.0, -np.inf, -65504.0, 3.0], np.float32)
+    m = error_metrics(r, e)
+    assert m["masked"] == 2 and m["nmse"] == 0 and m["nonfinite_new"] == 0
+    m = error_metrics(r, e, mask_below=None)
+    assert m["masked"] == 0 and m["nonfinite_new"] == 1
