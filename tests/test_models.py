@@ -276,3 +276,18 @@ def test_float16_residual_clip_matches_mlx_lm_for_gemma3(ckpts):
     path = ckpts("gemma3_text", dtype=mx.float16)
     model = workbench.load(path)
     assert rel_err(logits(model, IDS), mt.ref_logits(path, IDS)) <= 1e-3
+
+
+@pytest.mark.parametrize("quant", [None, "affine4"])
+def test_moe_sorted_expert_path_matches_mlx_lm(ckpts, quant):
+    """From 64 (token, expert) pairs on the expert rows are sorted for the kernels."""
+    q = QUANTS[quant][0] if quant else None
+    path = ckpts("gemma4_moe", quant=q)
+    model = workbench.load(path)
+    ids = mx.array([[(7 * i + 3) % 256 for i in range(40)], [(5 * i + 1) % 256 for i in range(40)]])
+    out = logits(model, ids)
+    assert rel_err(out, mt.ref_logits(path, ids)) <= 1e-4
+    # the same tokens through the small (unsorted) path, a few at a time with the cache
+    cache = model.make_cache()
+    parts = [logits(model, ids[:1, t:t + 8], cache=cache) for t in range(0, 40, 8)]
+    assert rel_err(mx.concatenate(parts, axis=1), out[:1]) <= 1e-5

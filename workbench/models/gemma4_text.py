@@ -192,26 +192,39 @@ def router(b: Builder, cfg: Config, i: int, x: str) -> tuple[str, str]:
 
 def expert_linear(b: Builder, name: str, x: str, idx: str) -> str:
     """Each token's k selected experts: [B, T, D] or [B, T, k, D] -> [B, T, k, out].
-    ``mx.gather_mm`` (or ``mx.gather_qmm`` for quantized experts) over [E, out, in] weights."""
+
+    ``mx.gather_mm`` (``mx.gather_qmm`` for quantized experts) over [E, out, in] weights.
+    Like mlx-lm, from 64 (token, expert) pairs on the rows are sorted by expert for the
+    kernel and put back in token order afterwards (the values are the same)."""
     b.require(f"{name}.weight")
     q = b.quant(name)
     wn, sn, bn = f"{name}.weight", f"{name}.scales", f"{name}.biases"
 
-    def fn(ctx, x, idx):
-        x = mx.expand_dims(x, (-2, -3)) if x.ndim == 3 else mx.expand_dims(x, -2)
+    def matmul(ctx, x, idx, sorted_indices):
         W = ctx.weights
-        if q is None:
-            w = W[wn]
-            if x.dtype != mx.float32 and mx.default_device() == mx.cpu:
-                # MLX's CPU gather_mm is float32-only: compute in float32, round back
-                y = mx.gather_mm(x.astype(mx.float32), w.astype(mx.float32).swapaxes(-1, -2),
-                                 rhs_indices=idx).astype(x.dtype)
-            else:
-                y = mx.gather_mm(x, w.swapaxes(-1, -2), rhs_indices=idx)
-        else:
-            y = mx.gather_qmm(x, W[wn], W[sn], W.get(bn), rhs_indices=idx, transpose=True,
-                              group_size=q.group_size, bits=q.bits, mode=q.mode)
-        return y.squeeze(-2)
+        if q is not None:
+            return mx.gather_qmm(x, W[wn], W[sn], W.get(bn), rhs_indices=idx, transpose=True,
+                                 group_size=q.group_size, bits=q.bits, mode=q.mode,
+                                 sorted_indices=sorted_indices)
+        w = W[wn]
+        if x.dtype != mx.float32 and mx.default_device() == mx.cpu:
+            # MLX's CPU gather_mm is float32-only: compute in float32, round back
+            return mx.gather_mm(x.astype(mx.float32), w.astype(mx.float32).swapaxes(-1, -2), rhs_indices=idx,
+                                sorted_indices=sorted_indices).astype(x.dtype)
+        return mx.gather_mm(x, w.swapaxes(-1, -2), rhs_indices=idx, sorted_indices=sorted_indices)
+
+    def fn(ctx, x, idx):
+        per_token = x.ndim == idx.ndim  # [B, T, D] (gate/up) or [B, T, k, D] (down)
+        if idx.size < 64:
+            x = mx.expand_dims(x, (-2, -3)) if per_token else mx.expand_dims(x, -2)
+            return matmul(ctx, x, idx, False).squeeze(-2)
+        k = idx.shape[-1]
+        flat = idx.flatten()
+        order = mx.argsort(flat)
+        rows = x.reshape(-1, 1, x.shape[-1])
+        rows = rows[order // k] if per_token else rows[order]
+        y = matmul(ctx, rows, flat[order], True)[mx.argsort(order)]
+        return y.reshape(*idx.shape, y.shape[-1])
     return b.op(name, "expert_linear", fn, [x, idx], [name],
                 quant=None if q is None else {"mode": q.mode, "bits": q.bits, "group_size": q.group_size})
 
