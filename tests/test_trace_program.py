@@ -243,3 +243,29 @@ def test_capture_patterns_none_and_spill(tmp_path):
     assert d is not None and str(spill) in d
     small.store.close()
     assert not any(spill.rglob("*.safetensors"))
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
+def test_host_and_device_statistics_agree(dtype):
+    rng = np.random.default_rng(3)
+    base = rng.standard_normal((4, 300)).astype(np.float32) * 50
+    base[0, :7] = 0
+    with_bad = base.copy()
+    with_bad[1, 3], with_bad[2, 5], with_bad[3, 7] = np.nan, np.inf, -np.inf
+    masked = base.copy()
+    masked[:, :10] = -float(S.dtype_max(dtype))
+    vals = [mx.array(a).astype(dtype) for a in (base, with_bad, masked)] + [mx.array([1, 0, 3], dtype=mx.int32)]
+    host = S.evaluate(vals, host=True)
+    dev = S.evaluate(vals, host=False)
+    for h, d in zip(host, dev):
+        assert set(h) == set(d) == set(S.KEYS)
+        for k in S.KEYS:
+            if h[k] is None or (isinstance(h[k], float) and math.isnan(h[k])):
+                assert d[k] is None or math.isnan(d[k]), k
+            else:
+                assert h[k] == pytest.approx(d[k], rel=1e-4, abs=1e-4), k
+    assert (host[1]["nan"], host[1]["posinf"], host[1]["neginf"]) == (1, 1, 1)
+    assert host[0]["zero_frac"] == pytest.approx(7 / 1200)
+    assert host[2]["masked"] == 40 and host[2]["headroom"] < 0.5
+    ref = np.array(vals[0].astype(mx.float32), dtype=np.float64)
+    assert host[0]["max"] == pytest.approx(ref.max()) and host[0]["std"] == pytest.approx(ref.std(), rel=1e-4)

@@ -23,6 +23,7 @@ mask fill, the only approximation here.)
 from __future__ import annotations
 
 import math
+import threading
 from typing import Sequence
 
 import mlx.core as mx
@@ -124,20 +125,148 @@ def finish(p: np.ndarray | None, n: int, dtype, e: np.ndarray | None = None) -> 
             "masked": masked}
 
 
+def on_cpu() -> bool:
+    """Whether MLX computes on the CPU (then statistics use zero-copy host views)."""
+    return mx.default_device().type == mx.DeviceType.cpu
+
+
+_local = threading.local()
+
+
+def _scratch(n: int, dtype) -> np.ndarray:
+    """A per-thread reusable buffer (no fresh pages per op)."""
+    key = np.dtype(dtype).str
+    bufs = getattr(_local, "bufs", None)
+    if bufs is None:
+        bufs = _local.bufs = {}
+    b = bufs.get(key)
+    if b is None or b.size < n:
+        b = bufs[key] = np.empty(max(n, 1 << 16), dtype)
+        if dtype == np.float32:
+            b.fill(1.0)
+    return b[:n]
+
+
+def host_view(v: mx.array) -> np.ndarray:
+    """A flat zero-copy numpy view of an evaluated array (bfloat16 as its uint16 bits)."""
+    if v.dtype == mx.bfloat16:
+        return np.asarray(mx.view(v, mx.uint16)).reshape(-1)
+    return np.asarray(v).reshape(-1)
+
+
+def _as_f32(h: np.ndarray, dtype) -> np.ndarray:
+    if dtype == mx.bfloat16:
+        return (h.astype(np.uint32) << 16).view(np.float32)
+    if h.dtype != np.float32:
+        return h.astype(np.float32)
+    return h
+
+
+def host_packed(a: np.ndarray) -> np.ndarray:
+    """:func:`packed` on a flat float32 host array: each statistic is one vectorised pass
+    over memory still in cache from the previous one (BLAS dot products for the sums)."""
+    n = a.size
+    with np.errstate(all="ignore"):
+        zeros = np.count_nonzero(np.equal(a, 0, out=_scratch(n, np.bool_)))
+        ones = _scratch(n, np.float32)  # filled with 1.0 once, never written again
+        return np.array([a.min(), a.max(), np.dot(a, ones), np.dot(a, a), zeros], dtype=np.float64)
+
+
+def host_exact(a: np.ndarray, dtype) -> np.ndarray:
+    """:func:`exact` on a flat float32 host array."""
+    with np.errstate(all="ignore"):
+        nan = np.isnan(a)
+        pinf = np.isposinf(a)
+        ninf = np.isneginf(a)
+        dmax = dtype_max(dtype)
+        fill = (a == -dmax) if dmax is not None else np.zeros(a.shape, bool)
+        ok = ~(nan | pinf | ninf | fill)
+        f = a[ok].astype(np.float64)
+        if f.size:
+            mn, mxv, sm, ss = f.min(), f.max(), f.sum(), np.dot(f, f)
+        else:
+            mn = mxv = sm = ss = float("nan")
+        return np.array([nan.sum(), pinf.sum(), ninf.sum(), mn, mxv, sm, ss, fill.sum()], dtype=np.float64)
+
+
+def host_stats(h: np.ndarray, dtype, n: int) -> dict:
+    """The stats dict of a host view (see :func:`host_view`)."""
+    if n == 0:
+        return finish(None, 0, dtype)
+    a = _as_f32(h, dtype)
+    row = host_packed(a)
+    e = host_exact(a, dtype) if needs_exact(row, dtype) else None
+    return finish(row, n, dtype, e)
+
+
+_POOL = None
+
+
+def pool():
+    """One background thread for host statistics: it runs while MLX (which releases the
+    GIL in ``mx.eval``) computes the next batch of ops."""
+    global _POOL
+    if _POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+        _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="workbench-stats")
+    return _POOL
+
+
+class Pending:
+    """Statistics of a batch of evaluated arrays, being computed in the background (CPU)
+    or already computed (GPU); :meth:`result` returns the stats dicts in order."""
+
+    def __init__(self, values: Sequence[mx.array], also: Sequence[mx.array] = (), background: bool = True,
+                 host: bool | None = None):
+        self._dicts = None
+        self._future = None
+        if not values:
+            if also:
+                mx.eval(list(also))
+            self._dicts = []
+            return
+        if on_cpu() if host is None else host:
+            views = [mx.view(v, mx.uint16) if v.dtype == mx.bfloat16 else v for v in values]
+            mx.eval(views + list(also))
+            jobs = [(np.asarray(w).reshape(-1), v.dtype, v.size) for v, w in zip(values, views)]
+            run = lambda: [host_stats(h, d, n) for h, d, n in jobs]  # noqa: E731
+            if background:
+                self._future = pool().submit(run)
+            else:
+                self._dicts = run()
+            return
+        ps = [packed(v) for v in values]
+        mx.eval([p for p in ps if p is not None] + list(also))
+        rows = [None if p is None else np.array(p) for p in ps]
+        need = [i for i, r in enumerate(rows) if r is not None and needs_exact(r, values[i].dtype)]
+        exs = {}
+        if need:
+            arrs = [exact(values[i]) for i in need]
+            mx.eval(arrs)
+            exs = {i: np.array(a) for i, a in zip(need, arrs)}
+        self._dicts = [finish(rows[i], values[i].size, values[i].dtype, exs.get(i)) for i in range(len(values))]
+
+    def result(self) -> list[dict]:
+        if self._dicts is None:
+            self._dicts = self._future.result()
+            self._future = None
+        return self._dicts
+
+
+def evaluate(values: Sequence[mx.array], also: Sequence[mx.array] = (), host: bool | None = None) -> list[dict]:
+    """Stats dicts of several (lazy) arrays, evaluated together with ``also`` in one
+    ``mx.eval`` (plus one more for the rare ops that need the exact pass on the GPU).
+
+    On the GPU the statistics are lazy reductions in the graph (:func:`packed`).  On the
+    CPU the outputs themselves are evaluated and reduced through zero-copy numpy views
+    (:func:`host_packed`): MLX's CPU reductions take one slower pass per statistic.
+    """
+    return Pending(values, also, background=False, host=host).result()
+
+
 def compute(values: Sequence[mx.array]) -> list[dict]:
-    """Stats dicts of several arrays with (at most) two evaluations in all."""
-    ps = [packed(v) for v in values]
-    live = [p for p in ps if p is not None]
-    if live:
-        mx.eval(live)
-    rows = [None if p is None else np.array(p) for p in ps]
-    ex_idx = [i for i, r in enumerate(rows) if r is not None and needs_exact(r, values[i].dtype)]
-    exs = {}
-    if ex_idx:
-        arrs = [exact(values[i]) for i in ex_idx]
-        mx.eval(arrs)
-        exs = {i: np.array(a) for i, a in zip(ex_idx, arrs)}
-    return [finish(rows[i], values[i].size, values[i].dtype, exs.get(i)) for i in range(len(values))]
+    """Stats dicts of several arrays (see :func:`evaluate`)."""
+    return evaluate(values)
 
 
 def nonfinite_counts(x: mx.array) -> tuple[int, int, int]:

@@ -156,7 +156,7 @@ class Trace:
                  capture="stats", breakpoints=None, interventions=None,
                  context: Callable | None = None, tensors: Callable | None = None,
                  memory_budget: int | None = None, spill_dir: str | None = None,
-                 flush_bytes: int = 512 * 2**20, store: ValueStore | None = None,
+                 flush_bytes: int = 32 * 2**20, store: ValueStore | None = None,
                  key_prefix: str = "", model: Any = None):
         missing = [n for n in program.inputs if n not in feeds]
         if missing:
@@ -205,6 +205,7 @@ class Trace:
         self._undo: OrderedDict[int, dict] = OrderedDict()
         self._pending: list = []
         self._pending_bytes = 0
+        self._inflight: list = []
         self.position = 0
 
     def add_breakpoint(self, bp) -> None:
@@ -240,6 +241,7 @@ class Trace:
     @property
     def steps(self) -> list[Step]:
         """The executed steps, in order."""
+        self._flush(wait=True)
         return list(self._steps)
 
     @property
@@ -294,30 +296,30 @@ class Trace:
             self._pending_bytes += out.nbytes
         return step
 
-    def _flush(self) -> None:
-        """Evaluate every pending statistic (and captured value) with one evaluation."""
+    def _flush(self, wait: bool = False) -> None:
+        """Evaluate every pending op (and captured value) with one ``mx.eval``; their
+        statistics are computed in the background (CPU) and collected by :meth:`_sync`."""
         pend = self._pending
-        if not pend:
-            return
-        self._pending = []
-        self._pending_bytes = 0
-        if self._stats_on:
-            ps = [_stats.packed(v) for _, v, _ in pend]
-            mx.eval([p for p in ps if p is not None] + [v for _, v, k in pend if k])
-            rows = [None if p is None else np.array(p) for p in ps]
-            need = [j for j, r in enumerate(rows) if r is not None and _stats.needs_exact(r, pend[j][1].dtype)]
-            exs = {}
-            if need:
-                arrs = [_stats.exact(pend[j][1]) for j in need]
-                mx.eval(arrs)
-                exs = {j: np.array(a) for j, a in zip(need, arrs)}
-            for j, (step, v, _) in enumerate(pend):
-                step.stats = _stats.finish(rows[j], v.size, v.dtype, exs.get(j))
-        else:
-            mx.eval([v for _, v, k in pend if k])
-        for step, v, keep in pend:
-            if keep:
-                self._store.put(self._prefix + step.name, v)
+        if pend:
+            self._pending = []
+            self._pending_bytes = 0
+            kept = [v for _, v, k in pend if k]
+            if self._stats_on:
+                self._inflight.append(([s for s, _, _ in pend],
+                                       _stats.Pending([v for _, v, _ in pend], kept, background=True)))
+            else:
+                mx.eval(kept)
+            for step, v, keep in pend:
+                if keep:
+                    self._store.put(self._prefix + step.name, v)
+        if wait:
+            self._sync()
+
+    def _sync(self) -> None:
+        for steps, p in self._inflight:
+            for s, st in zip(steps, p.result()):
+                s.stats = st
+        self._inflight.clear()
 
     def _hit(self, step: Step) -> bool:
         for bp in self.breakpoints:
@@ -340,7 +342,7 @@ class Trace:
         if self.done:
             raise TraceError("the trace is done (every op ran); use back() or a new trace")
         step = self._exec(self.position)
-        self._flush()
+        self._flush(wait=True)
         if not self._stats_on and step.name not in self._keep:
             mx.eval(self._env[step.name])
         return step
@@ -375,7 +377,7 @@ class Trace:
                     break
                 if self._pending_bytes >= self.flush_bytes:
                     break
-            self._flush()
+            self._flush(wait=spec)
             if spec:
                 for s in self._steps[start:]:
                     if self._hit(s):
@@ -383,9 +385,11 @@ class Trace:
                             self._rewind(snap, start, s.index)
                         return s
             if name_stop is not None:
+                self._sync()
                 return name_stop
         if self.done:
             mx.eval(self._env[self._last_name])
+        self._flush(wait=True)
         return last
 
     def _rewind(self, snap, start: int, hit: int) -> None:
@@ -405,7 +409,7 @@ class Trace:
         """Undo the last step; returns the step now last run (None at the start)."""
         if self.position == 0:
             return None
-        self._flush()
+        self._flush(wait=True)
         i = self.position - 1
         op = self._ops[i]
         has_cache = getattr(self.ctx, "cache", None) is not None
@@ -449,7 +453,7 @@ class Trace:
         idx = self._check_name(name)
         if idx >= self.position:
             raise KeyError(f"op {name!r} has not run yet (it is op {idx}; the trace is at {self.position})")
-        self._flush()
+        self._flush(wait=True)
         key = self._prefix + name
         if key in self._store:
             return self._store.get(key)
@@ -464,7 +468,7 @@ class Trace:
         idx = self._check_name(name)
         if idx >= self.position:
             raise KeyError(f"op {name!r} has not run yet (it is op {idx}; the trace is at {self.position})")
-        self._flush()
+        self._flush(wait=True)
         st = self._step_of(idx)
         if st.stats is None:
             st.stats = _stats.compute([self.value(name)])[0]
@@ -479,7 +483,7 @@ class Trace:
         idx = self._check_name(name)
         if idx >= self.position:
             raise KeyError(f"op {name!r} has not run yet")
-        self._flush()
+        self._flush(wait=True)
         return self._step_of(idx)
 
     @property
@@ -495,12 +499,12 @@ class Trace:
 
     def records(self) -> list[dict]:
         """One JSON-able dict per executed step (for tables, plots and widgets)."""
-        self._flush()
+        self._flush(wait=True)
         return [s.to_dict() for s in self._steps]
 
     def headroom(self, top: int | None = None) -> list[tuple[str, float]]:
         """(op, absmax / dtype max) of executed float ops, closest to overflow first."""
-        self._flush()
+        self._flush(wait=True)
         rows = [(s.name, s.stats["headroom"]) for s in self._steps
                 if s.stats and s.stats.get("headroom") is not None]
         rows.sort(key=lambda r: -r[1])
@@ -516,7 +520,7 @@ class Trace:
         """
         from workbench.trace.hunt import diagnose
 
-        self._flush()
+        self._flush(wait=True)
         for s in self._steps:
             if s.stats is None:
                 s.stats = _stats.compute([self.value(s.name)])[0] if self._has_value(s.name) else None
@@ -665,7 +669,7 @@ def prepare_ids(model, ids_or_text, pad_id: int | None = None):
 
 def trace(model, ids_or_text, capture="stats", dtype=None, breakpoints=None, interventions=None, *,
           cache=None, attention_mask=None, pad_id: int | None = None, memory_budget: int | None = None,
-          spill_dir: str | None = None, flush_bytes: int = 512 * 2**20, store: ValueStore | None = None,
+          spill_dir: str | None = None, flush_bytes: int = 32 * 2**20, store: ValueStore | None = None,
           key_prefix: str = "") -> Trace:
     """A :class:`Trace` of ``model`` on text, token ids, or a batch of either.
 
