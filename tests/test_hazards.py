@@ -392,3 +392,20 @@ def test_load_schedule_roundtrip(tmp_path):
     sch.save(again)
     assert analyze(load_schedule(again)) == [] and len(load_schedule(again).events) == len(doc["events"])
     assert set(KINDS) >= {h.kind for h in analyze(transformer("concurrent", barriers=False))}
+
+
+def test_command_line_subprocess(tmp_path):
+    import subprocess
+    import sys
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(sched([disp("x", [acc("a", -1, 8)])])))
+    r = subprocess.run([sys.executable, "-m", "workbench.cli", "hazards", str(bad)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().endswith("events[0].reads[0].offset (dispatch 'x'): expected a byte count "
+                                     "(a non-negative integer), got -1")
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(transformer("serial")))
+    r = subprocess.run([sys.executable, "-m", "workbench.cli", "hazards", str(good), "--json"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and json.loads(r.stdout)["hazards"] == []

@@ -192,8 +192,10 @@ def _show(v: Any) -> str:
 def _nbytes(v: Any, where: str, event: int | None = None) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         raise ScheduleError(f"expected a byte count (a non-negative integer), got {_show(v)}", where, event)
-    if v < 0 or v > MAX_BYTES:
-        raise ScheduleError(f"byte count {v} out of range [0, 2**62]", where, event)
+    if v < 0:
+        raise ScheduleError(f"expected a byte count (a non-negative integer), got {v}", where, event)
+    if v > MAX_BYTES:
+        raise ScheduleError(f"byte count {_show(v)} is beyond 2**62", where, event)
     return v
 
 
