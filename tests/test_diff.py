@@ -122,6 +122,8 @@ def test_perturbed_op_is_the_first_divergence(ckpt, reference, tmp_path, capsys)
     assert fd["op"] == target and fd["engine_name"] == "blk.2.attn.o_proj"
     assert fd["cosine"] is not None and fd["nmse"] > 1e-2 and fd["max_abs"] > 0
     assert fd["inputs"] == [{"op": "layers.2.self_attn.context", "status": "ok"}]
+    assert fd["local"]["diverged"] and out["first_local_divergence"] == target
+    assert "look at this op" in out["verdict"]
     assert out["unmatched_engine"] == ["blk.0.attn.q_scaled"]
     assert "layers.5" in out["unmatched_reference"] and "layers.5.mlp.down_proj" in out["unmatched_reference"]
     assert "layers.4" not in out["unmatched_reference"]
@@ -205,3 +207,38 @@ def test_noise_floor_calibrates_limits_per_op(tmp_path, capsys):
     rc = main(["diff", str(ck), str(tmp_path / "bad.npz"), "--ids", ",".join(map(str, IDS)),
                "--noise-floor", "bfloat16", "--dtype", "bfloat16"])
     assert rc == 2 and "nothing to calibrate" in capsys.readouterr().err
+
+
+def _engine_run(model, dtype, interventions=()):
+    """A whole engine forward: our program in a low precision, optionally with a bug, every op dumped."""
+    import mlx.core as mx
+    tr = workbench.trace(model, IDS, capture="full", dtype=dtype, interventions=list(interventions))
+    tr.run()
+    return {n: np.array(tr.value(n).astype(mx.float32)) for n in model.program.names}
+
+
+def test_local_error_finds_a_bug_hidden_under_precision(ckpt, tmp_path, capsys):
+    """A bfloat16 engine with a 5% scale bug in one op: globally within tolerance, locally wrong."""
+    from workbench.trace.interventions import patch
+    model = workbench.load(ckpt)
+    honest = compare(model, _engine_run(model, "bfloat16"), ids=IDS, dtype="float32")
+    assert honest.first_local_divergence is None
+    assert all(o.local_nmse is not None and o.local_nmse < 1e-4 for o in honest.ops)  # one op's rounding
+    target = "layers.1.mlp.gate_proj"
+    eng = _engine_run(model, "bfloat16", [patch(target, lambda v, op: v * 1.05)])
+    r = compare(model, eng, ids=IDS, dtype="float32")
+    assert r.first_divergence is None  # the drift it causes stays within the fixed limits...
+    fl = r.first_local_divergence  # ...but fed the engine's own inputs, the op does not reproduce its output
+    assert fl.op == target and fl.local_nmse > 1e-3
+    assert all(not o.local_diverged for o in r.ops if o.op != target)  # everything downstream is consistent
+    assert target in r.verdict() and "look at this op" in r.verdict()
+    np.savez(tmp_path / "eng.npz", **eng)
+    rc = main(["diff", str(ckpt), str(tmp_path / "eng.npz"), "--ids", ",".join(map(str, IDS)), "--dtype", "float32",
+               "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 1 and out["first_divergence"] is None and out["first_local_divergence"] == target
+    rc = main(["diff", str(ckpt), str(tmp_path / "eng.npz"), "--ids", ",".join(map(str, IDS)), "--dtype", "float32",
+               "--no-local", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["first_local_divergence"] is None
+    assert all(o["local_nmse"] is None for o in out["ops"])

@@ -10,7 +10,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from workbench.diff import readers
-from workbench.diff.metrics import Tolerance
+from workbench.diff.metrics import Tolerance, error_metrics, local_diverged
 from workbench.diff.naming import Rules, compile_rules, load_rules
 from workbench.diff.report import DiffError, DiffReport, compare_arrays, match_names, to_numpy
 
@@ -25,12 +25,14 @@ class Reference:
     model: str | None = None
     dtype: str | None = None
     inputs: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    dtypes: dict[str, str] = field(default_factory=dict)  # each op's own dtype before the float32 dump
 
     def save(self, path: str | os.PathLike) -> Path:
         meta = {readers.META_MODEL: self.model or "", readers.META_DTYPE: self.dtype or "float32"}
         if self.ids is not None:
             meta[readers.META_IDS] = json.dumps([int(i) for i in self.ids])
         meta["workbench.op_inputs"] = json.dumps({k: list(v) for k, v in self.inputs.items()})
+        meta["workbench.op_dtypes"] = json.dumps(self.dtypes)
         readers.write_dump(path, self.values, self.order, meta)
         return Path(path)
 
@@ -43,10 +45,11 @@ class Reference:
         ids = json.loads(meta[readers.META_IDS]) if readers.META_IDS in meta else None
         try:
             inputs = {k: tuple(v) for k, v in json.loads(meta.get("workbench.op_inputs", "{}")).items()}
+            dtypes = {str(k): str(v) for k, v in json.loads(meta.get("workbench.op_dtypes", "{}")).items()}
         except (json.JSONDecodeError, AttributeError):
-            inputs = {}
+            inputs, dtypes = {}, {}
         return cls(values=values, order=order, ids=ids, model=meta.get(readers.META_MODEL) or None,
-                   dtype=meta.get(readers.META_DTYPE), inputs=inputs)
+                   dtype=meta.get(readers.META_DTYPE), inputs=inputs, dtypes=dtypes)
 
 
 def is_reference_dump(path: str | os.PathLike) -> bool:
@@ -120,14 +123,16 @@ def run_reference(model: Any, prompt: str | None = None, ids: Sequence[int] | No
     token_ids = _ids_for(m, prompt, ids)
     keep = set(names)
     out = execute(program, m.context(dtype), m.feeds(mx.array([token_ids], dtype=mx.int32)), keep=keep.__contains__)
-    values = {}
+    values, dtypes = {}, {}
     for n in names:  # evaluate and convert one op at a time
-        values[n] = to_numpy(out.pop(n))
+        v = out.pop(n)
+        dtypes[n] = str(v.dtype).replace("mlx.core.", "")
+        values[n] = to_numpy(v)
     path = model if isinstance(model, (str, os.PathLike)) else getattr(m, "path", None)
     used = dtype or str(m.context(dtype).dtype).replace("mlx.core.", "")
     return Reference(values=values, order=list(program.names), ids=token_ids,
                      model=str(path) if path is not None else None, dtype=used,
-                     inputs={op.name: tuple(op.inputs) for op in program.ops})
+                     inputs={op.name: tuple(op.inputs) for op in program.ops}, dtypes=dtypes)
 
 
 def dump(model: Any, out: str | os.PathLike | None = None, prompt: str | None = None,
@@ -164,9 +169,54 @@ def _dtype_name(d) -> str | None:
         raise DiffError(str(e)) from None
 
 
+def local_errors(report: DiffReport, model: Any, aligned: Mapping[str, np.ndarray], ids: Sequence[int],
+                 dtype: str | None = None, dtypes: Mapping[str, str] | None = None) -> int:
+    """Fill each op's local error: our op applied to the engine's own (aligned) inputs.
+
+    Program inputs (token ids, RoPE offsets, masks) come from our feeds; an op with an
+    input the engine did not dump is left without a local error.  Returns how many ops
+    got one.  ``dtypes``: our ops' own dtypes, so integer values (expert indices) are fed
+    back as integers.
+    """
+    import mlx.core as mx
+
+    program = model.program
+    ctx = model.context(dtype)
+    feeds = model.feeds(mx.array([list(ids)], dtype=mx.int32))
+    tol = report.tolerance
+    n = 0
+    for od in report.ops:
+        if not od.compared or od.op not in aligned:
+            continue
+        op = program[od.op]
+        args = []
+        for src in op.inputs:
+            if src in feeds:
+                args.append(feeds[src])
+            elif src in aligned:
+                own = (dtypes or {}).get(src, "")
+                want = getattr(mx, own) if own.startswith(("int", "uint", "bool")) else ctx.dtype
+                args.append(mx.array(aligned[src]).astype(want))
+            else:
+                break
+        else:
+            try:
+                ours = to_numpy(op.fn(ctx, *args))
+            except (ValueError, TypeError, IndexError) as e:  # an op that cannot run on these inputs
+                od.reasons.append(f"local error not computed: {e}")
+                continue
+            if ours.shape != aligned[od.op].shape:
+                continue
+            m = error_metrics(ours, aligned[od.op], mask_below=tol.mask_below)
+            od.local_cosine, od.local_nmse, od.local_max_abs = m["cosine"], m["nmse"], m["max_abs"]
+            od.local_diverged = local_diverged(m, tol)
+            n += 1
+    return n
+
+
 def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[int] | None = None,
             rules: Any = None, tolerance: Tolerance | dict | None = None, dtype: str | None = None,
-            noise_floor: str | None = None) -> DiffReport:
+            noise_floor: str | None = None, local: bool = True) -> DiffReport:
     """Diff an engine dump against our reference.
 
     ``model``: a checkpoint path, a loaded model, a :class:`Reference`, or the path of a
@@ -176,7 +226,8 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
     engine has a tensor for are captured.  ``noise_floor``: the engine's compute dtype
     ("bfloat16", "float16"): our reference is also run in it and every op is held to a
     multiple of that run's error instead of fixed limits (the reference itself then runs
-    in float32 unless ``dtype`` says otherwise).
+    in float32 unless ``dtype`` says otherwise).  ``local``: also compute each op's local
+    error (our op on the engine's own inputs; needs the model, about one more forward).
     """
     rules = _rules(rules)
     noise_floor = _dtype_name(noise_floor)
@@ -203,8 +254,13 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
                 raise DiffError(f"this reference dump was computed in {noise_floor}, the noise floor's own dtype")
             matched, _, _ = match_names(eng.keys(), [n for n in model.order if n in model.values], rules)
             noise = run_reference(model.model, ids=model.ids, ops=list(matched) or None, dtype=noise_floor).values
-        return compare_arrays(model.values, eng, order=model.order, rules=rules, tolerance=tolerance,
-                              inputs=model.inputs, noise=noise, noise_dtype=noise_floor)
+        aligned: dict = {}
+        report = compare_arrays(model.values, eng, order=model.order, rules=rules, tolerance=tolerance,
+                                inputs=model.inputs, noise=noise, noise_dtype=noise_floor, aligned=aligned)
+        if local and model.model and os.path.exists(model.model) and model.ids:
+            local_errors(report, _load_model(model.model, None), aligned, model.ids,
+                         dtype=model.dtype, dtypes=model.dtypes)
+        return report
     m = _load_model(model, dtype)
     program = m.program
     if prompt is None and ids is None and readers.META_IDS in emeta:
@@ -212,13 +268,17 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
     matched, _, _ = match_names(eng.keys(), program.names, rules)
     values: dict = {}
     noise = None
+    token_ids = _ids_for(m, prompt, ids)
+    dtypes: dict = {}
     if matched:
-        ref = run_reference(m, prompt=prompt, ids=ids, ops=list(matched), dtype=dtype)
-        values = ref.values
+        ref = run_reference(m, ids=token_ids, ops=list(matched), dtype=dtype)
+        values, dtypes = ref.values, ref.dtypes
         if noise_floor is not None:
-            noise = run_reference(m, ids=ref.ids, ops=list(matched), dtype=noise_floor).values
-    else:
-        _ids_for(m, prompt, ids)
-    return compare_arrays(values, eng, order=program.names, rules=rules, tolerance=tolerance,
-                          inputs={op.name: tuple(op.inputs) for op in program.ops}, noise=noise,
-                          noise_dtype=noise_floor)
+            noise = run_reference(m, ids=token_ids, ops=list(matched), dtype=noise_floor).values
+    aligned: dict = {}
+    report = compare_arrays(values, eng, order=program.names, rules=rules, tolerance=tolerance,
+                            inputs={op.name: tuple(op.inputs) for op in program.ops}, noise=noise,
+                            noise_dtype=noise_floor, aligned=aligned)
+    if local and matched:
+        local_errors(report, m, aligned, token_ids, dtype=dtype, dtypes=dtypes)
+    return report

@@ -72,6 +72,12 @@ class OpDiff:
     limit_cosine: float | None = None
     noise_nmse: float | None = None  # our own low-precision run's error here (with a noise floor)
     noise_cosine: float | None = None
+    # local error: the engine's output against our op applied to the engine's own inputs
+    # (None when some input has no engine tensor); small = the op is right, error came from upstream
+    local_cosine: float | None = None
+    local_nmse: float | None = None
+    local_max_abs: float | None = None
+    local_diverged: bool | None = None
 
     @property
     def compared(self) -> bool:
@@ -91,6 +97,8 @@ class OpDiff:
             "layout": self.layout, "reasons": list(self.reasons),
             "limit_nmse": _num(self.limit_nmse), "limit_cosine": _num(self.limit_cosine),
             "noise_nmse": _num(self.noise_nmse), "noise_cosine": _num(self.noise_cosine),
+            "local_cosine": _num(self.local_cosine), "local_nmse": _num(self.local_nmse),
+            "local_max_abs": _num(self.local_max_abs), "local_diverged": self.local_diverged,
         }
 
 
@@ -116,6 +124,16 @@ class DiffReport:
     def compared(self) -> int:
         return sum(o.compared for o in self.ops)
 
+    @property
+    def found(self) -> bool:
+        """A divergence, or an op that is wrong on the engine's own inputs (CLI exit status 1)."""
+        return self.first_divergence is not None or self.first_local_divergence is not None
+
+    @property
+    def first_local_divergence(self) -> OpDiff | None:
+        """The first op that, fed the engine's own inputs, does not reproduce the engine's output."""
+        return next((o for o in self.ops if o.local_diverged), None)
+
     def __getitem__(self, op: str) -> OpDiff:
         for o in self.ops:
             if o.op == op:
@@ -132,7 +150,32 @@ class DiffReport:
         if fd.op in self.inputs:
             by = {o.op: o.status for o in self.ops}
             d["inputs"] = [{"op": s, "status": by.get(s, "not compared")} for s in self.inputs[fd.op]]
+        if fd.local_nmse is not None:
+            d["local"] = {"cosine": _num(fd.local_cosine), "nmse": _num(fd.local_nmse),
+                          "max_abs": _num(fd.local_max_abs), "diverged": fd.local_diverged}
         return d
+
+    def verdict(self) -> str | None:
+        """One sentence on where the bug is, from the global and local errors."""
+        fd = self.first_divergence
+        if fd is None:
+            fl = self.first_local_divergence
+            if fl is None:
+                return None
+            return (f"no op is beyond tolerance, but {fl.op} is computed differently: fed the engine's own "
+                    f"inputs, our op does not reproduce the engine's output (local nmse {fl.local_nmse:.3g}, "
+                    f"cosine {fl.local_cosine:.6g}); look at this op")
+        if fd.local_diverged:
+            return (f"{fd.op} is computed differently: fed the engine's own inputs, our op does not reproduce "
+                    f"the engine's output (local nmse {fd.local_nmse:.3g}); look at this op")
+        fl = self.first_local_divergence
+        if fd.local_diverged is False:
+            tail = (f"; the first op that is itself wrong is {fl.op} (local nmse {fl.local_nmse:.3g})" if fl else
+                    "; no single op is wrong on its own: error accumulates (precision), or sits in an op "
+                    "whose inputs were not dumped")
+            return (f"{fd.op} is right on the engine's inputs (local nmse {fd.local_nmse:.3g}): the error "
+                    "came in upstream" + tail)
+        return None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -143,6 +186,9 @@ class DiffReport:
             "ops": [o.to_dict() for o in self.ops],
             "tolerance": self.tolerance.to_dict(),
             "noise_dtype": self.noise_dtype,
+            "first_local_divergence": (None if self.first_local_divergence is None else
+                                       self.first_local_divergence.op),
+            "verdict": self.verdict(),
             "renamed": dict(self.renamed),
             "suggestions": dict(self.suggestions),
         }
@@ -156,12 +202,17 @@ class DiffReport:
         elif fd is None:
             lines.append(f"no divergence: {self.compared} ops compared within tolerance "
                          f"(cosine >= {self.tolerance.min_cosine:g}, nmse <= {self.tolerance.max_nmse:g})")
+        if fd is None and self.first_local_divergence is not None:
+            lines.append("  " + (self.verdict() or ""))
         else:
             lines.append(f"first divergence: {fd.op} (engine {fd.engine_name!r}, op #{fd.index}): "
                          + "; ".join(fd.reasons))
             ins = (self.first_divergence_dict() or {}).get("inputs")
             if ins:
                 lines.append("  its inputs: " + ", ".join(f"{i['op']} ({i['status']})" for i in ins))
+            v = self.verdict()
+            if v:
+                lines.append("  " + v)
         lines.append(f"{'#':>5}  {'op':<40} {'status':<9} {'cosine':>10} {'nmse':>10} {'max_abs':>10}")
         shown = self.ops if len(self.ops) <= max_ops else self.ops[:max_ops]
         f = lambda x, spec: "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
@@ -210,7 +261,7 @@ def match_names(engine_names: Iterable[str], ours: Sequence[str], rules: Rules) 
 def compare_arrays(reference: Mapping[str, Any], engine: Mapping[str, Any], order: Sequence[str] | None = None,
                    rules: Rules | Iterable[Sequence[str]] | None = None, tolerance: Tolerance | dict | None = None,
                    inputs: Mapping[str, Sequence[str]] | None = None, noise: Mapping[str, Any] | None = None,
-                   noise_dtype: str | None = None) -> DiffReport:
+                   noise_dtype: str | None = None, aligned: dict | None = None) -> DiffReport:
     """Compare engine activations with ours.
 
     ``reference``: our activations by op name (every op of ``order`` that the engine may
@@ -219,7 +270,8 @@ def compare_arrays(reference: Mapping[str, Any], engine: Mapping[str, Any], orde
     compiled rules; ``inputs``: op -> the ops it reads, to say whether the first
     divergence's inputs were still fine; ``noise``: our activations computed in the
     engine's dtype (``noise_dtype``), to hold each op to a multiple of that run's error
-    instead of the fixed limits (see :mod:`workbench.diff.metrics`).
+    instead of the fixed limits (see :mod:`workbench.diff.metrics`); ``aligned``: a dict
+    filled with the engine's tensors brought to our names and layouts.
     """
     tol = Tolerance.from_any(tolerance)
     if rules and not isinstance(next(iter(rules))[0], re.Pattern):
@@ -245,6 +297,8 @@ def compare_arrays(reference: Mapping[str, Any], engine: Mapping[str, Any], orde
             od.reasons = [str(e)]
             ops.append(od)
             continue
+        if aligned is not None:
+            aligned[name] = eng
         m = error_metrics(ref, eng, mask_below=tol.mask_below)
         od.cosine, od.nmse, od.max_abs, od.max_rel = m["cosine"], m["nmse"], m["max_abs"], m["max_rel"]
         od.nonfinite_ref, od.nonfinite_engine, od.masked = m["nonfinite_ref"], m["nonfinite_engine"], m["masked"]
