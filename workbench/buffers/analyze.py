@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.buffers.ranges import RangeMap
-from workbench.buffers.schedule import Schedule, as_schedule
+from workbench.buffers.schedule import Schedule, as_schedule, no_gc
 
 KINDS = ("alias-in-dispatch", "partial-overlap", "raw", "war", "waw", "stale-read",
          "use-after-free", "out-of-bounds", "uninitialized-read", "cb-reuse")
@@ -94,6 +94,11 @@ class _Buf:
 def analyze(schedule: Any) -> list[Hazard]:
     """All hazards of a schedule (a Schedule, a parsed dict, JSON text, or a path), in event order."""
     sch: Schedule = as_schedule(schedule)
+    with no_gc():
+        return _analyze(sch)
+
+
+def _analyze(sch: Schedule) -> list[Hazard]:
     events = sch.events
     concurrent = sch.mode == "concurrent"
     inplace = {k: set(v) for k, v in sch.kernels.items()}
