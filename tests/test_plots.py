@@ -153,3 +153,20 @@ def test_plots_take_a_trace(model, ref):
     stats_only.run()
     with pytest.raises(ValueError, match="capture them"):
         residual_norms(stats_only)
+
+
+def test_error_curve_marks_the_first_local_divergence(model):
+    import mlx.core as mx
+    from workbench.trace.interventions import patch
+    tr = workbench.trace(model, IDS, capture="full", dtype="bfloat16",
+                         interventions=[patch("layers.1.mlp.gate_proj", lambda v, op: v * 1.05)])
+    tr.run()
+    eng = {n: np.array(tr.value(n).astype(mx.float32)) for n in model.program.names}
+    report = compare(model, eng, ids=IDS, dtype="float32")
+    ax = error_curve(report).axes[0]
+    labels = [l.get_label() for l in ax.get_lines()]
+    assert "first local divergence: layers.1.mlp.gate_proj" in labels
+    local = ax.get_lines()[labels.index("local nmse (our op on the engine's inputs)")]
+    ys = np.asarray(local.get_ydata(), dtype=float)
+    assert np.nanargmax(ys) == [o.op for o in report.ops].index("layers.1.mlp.gate_proj")
+    assert "layers.1.mlp.gate_proj" in ax.get_title()

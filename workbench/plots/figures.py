@@ -30,24 +30,31 @@ def _short(s: str, n: int = 12) -> str:
 
 # ------------------------------------------------------------------ per-op error curve
 
-def error_curve(report: Any, metrics: Sequence[str] = ("nmse", "1-cosine"), title: str | None = None) -> Figure:
+def error_curve(report: Any, metrics: Sequence[str] | None = None, title: str | None = None) -> Figure:
     """Per-op error along our execution order (log scale), layer boundaries, first divergence.
 
     ``report``: a :class:`workbench.diff.DiffReport`.  ``metrics``: any of ``nmse``,
-    ``1-cosine``, ``max_abs``, ``max_rel``.  Exact matches (error 0) sit on the floor line;
-    ops whose shapes could not be reconciled are marked with an ``x`` at the top.
+    ``1-cosine``, ``max_abs``, ``max_rel``, ``local-nmse`` (default: nmse, 1-cosine, and
+    local-nmse when the report has local errors).  Exact matches (error 0) sit on the
+    floor line; ops whose shapes could not be reconciled are marked with an ``x`` at the
+    top; the first local divergence (the op wrong on the engine's own inputs) with a
+    triangle.
     """
+    ops = list(report.ops)
+    if metrics is None:
+        metrics = ("nmse", "1-cosine") + (("local-nmse",) if any(getattr(o, "local_nmse", None) is not None
+                                                                   for o in ops) else ())
     fig = Figure(figsize=(11, 4.2))
     ax = fig.add_subplot()
-    ops = list(report.ops)
     tol = report.tolerance
     floor = 1e-12
-    colors = {"nmse": "tab:blue", "1-cosine": "tab:orange", "max_abs": "tab:green", "max_rel": "tab:purple"}
+    colors = {"nmse": "tab:blue", "1-cosine": "tab:orange", "max_abs": "tab:green", "max_rel": "tab:purple",
+              "local-nmse": "tab:gray"}
 
     def val(o, m):
         if m == "1-cosine":
             return None if o.cosine is None or math.isnan(o.cosine) else 1.0 - o.cosine
-        v = getattr(o, m)
+        v = getattr(o, m.replace("-", "_"), None)
         return None if v is None or math.isnan(v) else v
 
     xs = np.array([o.index for o in ops])
@@ -57,12 +64,16 @@ def error_curve(report: Any, metrics: Sequence[str] = ("nmse", "1-cosine"), titl
         ys = np.where(np.isinf(ys), np.nan, ys)
         if np.any(np.isfinite(ys)):
             top = max(top, float(np.nanmax(ys)))
-        ax.plot(xs, np.maximum(ys, floor), ".-", lw=1, ms=4, color=colors.get(m), label=m)
+        if m == "local-nmse":  # points only; exact (0) local errors are left out
+            ys = np.where(ys > 0, ys, np.nan)
+        style = dict(ls="none", ms=5, marker=".") if m == "local-nmse" else dict(ls="-", lw=1, ms=4, marker=".")
+        label = "local nmse (our op on the engine's inputs)" if m == "local-nmse" else m
+        ax.plot(xs, np.maximum(ys, floor), color=colors.get(m), label=label, **style)
     ax.set_yscale("log")
     ymax = max(top * 20, 1.0)
     pos = [v for o in ops for m in metrics if (v := val(o, m)) is not None and v > 0 and math.isfinite(v)]
     low = max(min(pos) / 10, floor / 3) if pos else floor / 3
-    if any(val(o, m) == 0 for o in ops for m in metrics):
+    if any(val(o, m) == 0 for o in ops for m in metrics if m != "local-nmse"):
         low = min(low, floor / 3)
     ax.set_ylim(low, ymax)
     calibrated = getattr(report, "noise_dtype", None)
@@ -78,6 +89,9 @@ def error_curve(report: Any, metrics: Sequence[str] = ("nmse", "1-cosine"), titl
         else:
             ax.axhline(1 - tol.min_cosine, color=colors[m], ls=":", lw=1,
                        label=f"1-cosine tolerance {1 - tol.min_cosine:.3g}")
+    if "local-nmse" in metrics and hasattr(tol, "local_max_nmse"):
+        ax.axhline(tol.local_max_nmse, color=colors["local-nmse"], ls=":", lw=1,
+                   label=f"local nmse tolerance {tol.local_max_nmse:g}")
     bad = [o for o in ops if o.status in ("shape", "ambiguous")]
     if bad:
         ax.plot([o.index for o in bad], [ymax / 2] * len(bad), "x", color="black", ms=7,
@@ -107,10 +121,21 @@ def error_curve(report: Any, metrics: Sequence[str] = ("nmse", "1-cosine"), titl
                 label=f"first divergence: {fd.op}")
         ax.annotate(fd.op, (fd.index, max(y, floor)), xytext=(8, 8), textcoords="offset points",
                     color="red", fontsize=8)
+    fl = getattr(report, "first_local_divergence", None)
+    if fl is not None and fl.local_nmse is not None:
+        ax.plot([fl.index], [max(fl.local_nmse, floor)], "v", ms=11, color="darkred", mec="white",
+                label=f"first local divergence: {fl.op}")
+        if fd is None or fl.op != fd.op:
+            ax.annotate(fl.op, (fl.index, max(fl.local_nmse, floor)), xytext=(8, -14), textcoords="offset points",
+                        color="darkred", fontsize=8)
     ax.set_xlim(-1, max(len(order), 1))
     ax.set_xlabel(f"op index in execution order ({len(order)} ops, {report.compared} compared)")
     ax.set_ylabel("error (log scale)")
-    ax.set_title(title or ("engine vs reference: " + (f"first divergence at {fd.op}" if fd else "no divergence")))
+    if title is None:
+        title = "engine vs reference: " + (f"first divergence at {fd.op}" if fd else "no divergence")
+        if fl is not None and (fd is None or fl.op != fd.op):
+            title += f"; first op wrong on the engine's inputs: {fl.op}"
+    ax.set_title(title, fontsize=11)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, frameon=False)
     ax.grid(True, which="major", axis="y", alpha=0.3)
     return fig
