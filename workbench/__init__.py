@@ -34,4 +34,8 @@ def __getattr__(name):
 
         mod = importlib.import_module("workbench.trace")
         return mod if name == "trace" else mod.generate
+    if name in ("diff", "plots"):  # ``workbench.diff.compare(...)``, ``workbench.plots.error_curve(...)``
+        import importlib
+
+        return importlib.import_module(f"workbench.{name}")
     raise AttributeError(f"module 'workbench' has no attribute {name!r}")
