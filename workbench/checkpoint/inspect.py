@@ -460,7 +460,11 @@ def _chunk_stats(ck, task):
         srb = row_bytes(sc.dtype, sc.shape)
         sb = pread(os.path.join(str(ck.root), sc.file), sc.offset + row * srb, rows * srb)
         bb = pread(os.path.join(str(ck.root), bi.file), bi.offset + row * srb, rows * srb) if bi else None
-        part.add(dequant_rows(b, sb, bb, rows, packed, sc.shape[-1], spec, sc.dtype))
+        x = dequant_rows(b, sb, bb, rows, packed, sc.shape[-1], spec, sc.dtype)
+        if x.dtype == np.uint16:
+            part.add_bf16(x)
+        else:
+            part.add(x)
     return key, part, len(b)
 
 

@@ -277,6 +277,8 @@ def dequant_rows(wbytes: bytes, sbytes: bytes, bbytes: bytes | None, rows: int, 
             return mx.array(np.ascontiguousarray(to_float(b, sdtype)).reshape(rows, ngroups))
         out = mx.dequantize(w, fl(sbytes), fl(bbytes) if bbytes is not None else None,
                             group_size=spec.group_size, bits=spec.bits, mode="affine")
+    if out.dtype == mx.bfloat16:  # BF16 bits: statistics take the fast 16-bit path
+        return np.array(out.view(mx.uint16)).reshape(-1)
     return np.array(out.astype(mx.float32)).reshape(-1)
 
 
