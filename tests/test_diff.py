@@ -242,3 +242,15 @@ def test_local_error_finds_a_bug_hidden_under_precision(ckpt, tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["first_local_divergence"] is None
     assert all(o["local_nmse"] is None for o in out["ops"])
+
+
+def test_entry_point_and_lazy_attributes(tmp_path):
+    import subprocess
+    import sys
+    code = "import workbench; workbench.diff.dump; workbench.diff.compare; workbench.plots.error_curve"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+    np.savez(tmp_path / "e.npz", x=np.zeros(2, np.float32))
+    p = subprocess.run([sys.executable, "-m", "workbench.cli", "diff", str(tmp_path / "nomodel"),
+                        str(tmp_path / "e.npz"), "--ids", "1,2", "--json"], capture_output=True, text=True)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+    assert "error" in json.loads(p.stdout)
