@@ -237,7 +237,35 @@ def _rope_params(head_dim, base, scaling):
                                 mx.full(((head_dim - rotated) // 2,), mx.inf)])
         return dict(dims=head_dim, base=None, scale=1.0, freqs=freqs, type=rope_type,
                     rotated_dims=rotated)
-    raise ValueError(f"unsupported rope type {rope_type!r} (supported: default, linear, llama3, proportional)")
+    if rope_type == "yarn":
+        return _yarn(head_dim, base, scaling)
+    raise ValueError(f"unsupported rope type {rope_type!r} (supported: default, linear, llama3, yarn, proportional)")
+
+
+def _yarn(dims, base, scaling):
+    """YaRN (as mlx-lm's YarnRoPE): blended frequencies and an input scale ``mscale``."""
+    factor = scaling["factor"]
+    orig = scaling.get("original_max_position_embeddings", 4096)
+    beta_fast, beta_slow = scaling.get("beta_fast", 32), scaling.get("beta_slow", 1)
+    mscale, mscale_all_dim = scaling.get("mscale", 1), scaling.get("mscale_all_dim", 0)
+
+    def correction_dim(rot):
+        return dims * math.log(orig / (rot * 2 * math.pi)) / (2 * math.log(base))
+
+    def get_mscale(scale, m):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    low = max(math.floor(correction_dim(beta_fast)), 0)
+    high = min(math.ceil(correction_dim(beta_slow)), dims - 1)
+    if low == high:
+        high += 0.001
+    ramp = mx.clip((mx.arange(dims // 2, dtype=mx.float32) - low) / (high - low), 0, 1)
+    mask = 1.0 - ramp
+    extra = base ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims)
+    inter = factor * extra
+    freqs = (inter * extra) / (inter * mask + extra * (1 - mask))
+    ms = get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)
+    return dict(dims=dims, base=None, scale=1.0, freqs=freqs, type="yarn", mscale=ms)
 
 
 # --------------------------------------------------------------------------- small fused math
@@ -380,7 +408,11 @@ class Builder:
         """Rotary embedding of [B, H, T, D] at positions ``rope_offset[b] + t``."""
         dims, base, scale, freqs, trad = rp["dims"], rp["base"], rp["scale"], rp["freqs"], rp["traditional"]
 
+        mscale = rp.get("mscale", 1.0)
+
         def fn(ctx, x, offset):
+            if mscale != 1.0:
+                x = x * mscale
             return mx.fast.rope(x, dims, traditional=trad, base=base, scale=scale,
                                 offset=offset, freqs=freqs)
         return self.op(name, "rope", fn, [x, "rope_offset"], rope_type=rp["type"], dims=dims,
