@@ -90,9 +90,14 @@ def _pool(a: np.ndarray, n: int, axis: int) -> np.ndarray:
     return np.take_along_axis(g, idx[:, :, None], axis=2)[:, :, 0]
 
 
-def heatmap_png(a: np.ndarray, cmap: str = "RdBu_r", symmetric: bool = True, scale: int = 0,
-                target_width: int = 640, vmax: float | None = None) -> bytes:
-    """A 2-D array as a PNG heatmap; non-finite cells are drawn in bright green."""
+def heatmap(a: np.ndarray, cmap: str = "RdBu_r", symmetric: bool = True, vmax: float | None = None,
+            target_width: int = 640, target_height: int = 160) -> tuple[bytes, int, int]:
+    """A 2-D array as a PNG heatmap -> (png bytes, width px, height px).
+
+    Cells are integer blocks: columns get ``target_width // cols`` pixels (1..16), rows at
+    least as many and up to ``target_height // rows`` (so a few tokens stay readable).
+    Non-finite cells are drawn in bright green.
+    """
     a = np.asarray(a, dtype=np.float32)
     finite = np.isfinite(a)
     vals = np.where(finite, a, 0.0)
@@ -106,11 +111,18 @@ def heatmap_png(a: np.ndarray, cmap: str = "RdBu_r", symmetric: bool = True, sca
     idx = np.clip((x * 255.0).round(), 0, 255).astype(np.uint8)
     rgb = _lut(cmap)[idx]
     rgb[~finite] = (0, 255, 0)
-    if scale <= 0:
-        scale = max(1, min(16, target_width // max(1, a.shape[1])))
-    if scale > 1:
-        rgb = np.repeat(np.repeat(rgb, scale, axis=0), scale, axis=1)
-    return png_bytes(rgb)
+    rows, cols = a.shape
+    sx = max(1, min(16, target_width // max(1, cols)))
+    sy = max(sx, min(16, target_height // max(1, rows)))
+    if sx > 1 or sy > 1:
+        rgb = np.repeat(np.repeat(rgb, sy, axis=0), sx, axis=1)
+    return png_bytes(rgb), cols * sx, rows * sy
+
+
+def heatmap_png(a: np.ndarray, cmap: str = "RdBu_r", symmetric: bool = True, target_width: int = 640,
+                vmax: float | None = None, target_height: int = 160) -> bytes:
+    """Just the PNG bytes of :func:`heatmap`."""
+    return heatmap(a, cmap, symmetric, vmax, target_width, target_height)[0]
 
 
 def fmt(x, spec: str = ".4g") -> str:

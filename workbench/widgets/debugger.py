@@ -29,7 +29,7 @@ import time
 import ipywidgets as W
 import numpy as np
 
-from workbench.widgets._render import (BF16_MAX, _lut, FP16_MAX, as_2d, fmt, headroom_bar, heatmap_png, shape_str,
+from workbench.widgets._render import (BF16_MAX, _lut, FP16_MAX, as_2d, fmt, headroom_bar, heatmap, shape_str,
                                        table)
 
 _RESID = re.compile(r"^layers\.(\d+)$")
@@ -83,7 +83,7 @@ class StepDebugger(W.VBox):
         self.current.add_class("wb-current")
         self.stats_html = W.HTML()
         self.stats_html.add_class("wb-stats")
-        self.heatmap = W.Image(format="png", layout=W.Layout(max_width="100%"))
+        self.heatmap = W.Image(format="png", layout=W.Layout(max_width="100%", object_fit="contain"))
         self.heatmap.add_class("wb-heatmap")
         self.heatmap_note = W.HTML()
         self.head = W.BoundedIntText(value=head, min=0, max=max(0, self._num_heads() - 1), description="head",
@@ -341,7 +341,9 @@ class StepDebugger(W.VBox):
             self.heatmap_note.value = f"<i>{v.dtype} value, not drawn</i>"
             return
         a, note = as_2d(v)
-        self.heatmap.value = heatmap_png(a, cmap="RdBu_r", symmetric=True, target_width=560)
+        png, w, h = heatmap(a, cmap="RdBu_r", symmetric=True, target_width=560, target_height=200)
+        self.heatmap.value = png
+        self.heatmap.layout.width, self.heatmap.layout.height = f"{w}px", f"{h}px"
         self.heatmap_note.value = (f"<b>value</b> {shape_str(v.shape)} as {a.shape[0]} rows × {a.shape[1]} "
                                    f"columns (blue < 0 < red; green = NaN/Inf)" + (f"; {html.escape(note)}" if note else ""))
 
@@ -376,7 +378,9 @@ class StepDebugger(W.VBox):
         self.head.max = max(0, heads - 1)
         h = min(self.head.value, heads - 1)
         a = v[h] if v.ndim == 3 else v
-        self.attention.value = heatmap_png(a, cmap="viridis", symmetric=False, vmax=1.0, target_width=320)
+        png, pw, ph = heatmap(a, cmap="viridis", symmetric=False, vmax=1.0, target_width=320, target_height=320)
+        self.attention.value = png
+        self.attention.layout.width, self.attention.layout.height = f"{pw}px", f"{ph}px"
         toks = ""
         if self.tokens and len(self.tokens) == a.shape[0] and a.shape[0] <= 24:
             toks = "<br>tokens: " + " · ".join(f"<code>{html.escape(t)}</code>" for t in self.tokens)
