@@ -128,8 +128,10 @@ def test_perturbed_op_is_the_first_divergence(ckpt, reference, tmp_path, capsys)
     assert "layers.5" in out["unmatched_reference"] and "layers.5.mlp.down_proj" in out["unmatched_reference"]
     assert "layers.4" not in out["unmatched_reference"]
     # text output names it too
-    rc = main(["diff", str(ckpt), str(tmp_path / "engine.npz"), "--ids", ",".join(map(str, IDS)), "--map", str(rules)])
+    rc = main(["diff", str(ckpt), str(tmp_path / "engine.npz"), "--ids", ",".join(map(str, IDS)), "--map", str(rules),
+               "--plot", str(tmp_path / "curve.png")])
     text = capsys.readouterr().out
+    assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
     assert rc == 1 and f"first divergence: {target}" in text and "blk.0.attn.q_scaled" in text
 
 
@@ -141,6 +143,16 @@ def test_python_api_and_reference_dump_as_reference(ckpt, reference, tmp_path):
         assert r.first_divergence.op == "layers.0.mlp.act"
         assert [o.op for o in r.ops] == [o for o in workbench.load(ckpt).program.names if o in {x.op for x in r.ops}]
     assert r1.to_dict()["ops"] == r2.to_dict()["ops"]
+
+
+def test_wrong_token_count_is_explained(ckpt, reference, tmp_path):
+    values, _ = read_dump(reference)
+    eng = {k: np.concatenate([v, v[:, :1]], axis=1) if v.ndim == 3 and v.shape[1] == len(IDS) else v
+           for k, v in values.items() if k.startswith("layers.") and k.count(".") <= 1}
+    r = compare(ckpt, eng, ids=IDS)
+    assert r.first_divergence.status == "shape" and "same tokens (7 of them here)" in r.verdict()
+    with pytest.raises(Exception, match="made for ids"):
+        compare(reference, eng, ids=[1, 2])
 
 
 def test_npy_directory_and_safetensors_engine(ckpt, reference, tmp_path, capsys):

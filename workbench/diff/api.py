@@ -245,6 +245,10 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
     if isinstance(model, (str, os.PathLike)) and is_reference_dump(model):
         model = Reference.load(model)
     if isinstance(model, Reference):
+        if prompt is not None:
+            raise DiffError("a reference dump carries its own token ids; give no --prompt (or diff against the checkpoint)")
+        if ids is not None and model.ids is not None and [int(i) for i in ids] != list(model.ids):
+            raise DiffError(f"the reference dump was made for ids {model.ids}, not {list(ids)}")
         noise = None
         if noise_floor is not None:
             if not model.model or not os.path.exists(model.model):

@@ -165,6 +165,12 @@ class DiffReport:
             return (f"no op is beyond tolerance, but {fl.op} is computed differently: fed the engine's own "
                     f"inputs, our op does not reproduce the engine's output (local nmse {fl.local_nmse:.3g}, "
                     f"cosine {fl.local_cosine:.6g}); look at this op")
+        if fd.status == "shape":
+            n_shape = sum(o.status == "shape" for o in self.ops)
+            hint = (f"; {n_shape} of {len(self.ops)} matched ops differ in shape: did the engine run the same "
+                    f"tokens ({fd.shape[-2] if len(fd.shape) >= 2 else '?'} of them here)?"
+                    if n_shape > len(self.ops) // 2 else "")
+            return f"{fd.op}: the engine's tensor has another shape ({fd.reasons[0]}){hint}"
         if fd.local_diverged:
             return (f"{fd.op} is computed differently: fed the engine's own inputs, our op does not reproduce "
                     f"the engine's output (local nmse {fd.local_nmse:.3g}); look at this op")
