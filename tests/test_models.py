@@ -246,8 +246,9 @@ def test_feeds_reject_bad_input(ckpts):
 # ---------------------------------------------------------------- dtype control
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_compute_dtype_applies_to_every_op(ckpts, dtype):
-    model = workbench.load(ckpts("gemma4_text"))  # stored in float32
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text", "gemma4_text", "gemma4_moe"])
+def test_compute_dtype_applies_to_every_op(ckpts, arch, dtype):
+    model = workbench.load(ckpts(arch))  # stored in float32
     dt = getattr(mx, dtype)
     vals = execute(model.program, model.context(dtype), model.feeds(IDS), keep=lambda n: True)
     for name, v in vals.items():
