@@ -170,3 +170,16 @@ def test_error_curve_marks_the_first_local_divergence(model):
     ys = np.asarray(local.get_ydata(), dtype=float)
     assert np.nanargmax(ys) == [o.op for o in report.ops].index("layers.1.mlp.gate_proj")
     assert "layers.1.mlp.gate_proj" in ax.get_title()
+
+
+@pytest.mark.parametrize("quant", ["affine4", "mxfp4"])
+def test_weight_values_dequantize(tmp_path, quant):
+    from workbench.plots import weight_values
+    plain = workbench.load(zoo.build("qwen3", tmp_path / "f", dtype="float32"))
+    packed = workbench.load(zoo.build("qwen3", tmp_path / quant, quant=quant))
+    w0 = weight_values(plain, "layers.0.mlp.up_proj")
+    w = weight_values(packed, "layers.0.mlp.up_proj.weight")
+    assert w.shape == w0.shape and w.dtype == np.float32
+    assert np.corrcoef(w.ravel(), w0.ravel())[0, 1] > 0.98  # the same values, up to 4-bit rounding
+    with pytest.raises(KeyError, match="no tensor"):
+        weight_values(packed, "layers.0.mlp.nothing")
