@@ -106,6 +106,9 @@ def test_untouched_engine_dump_has_no_divergence(ckpt, reference, tmp_path, caps
     assert {o["status"] for o in out["ops"]} == {"ok"}
     assert any("transposed" in o["layout"] for o in out["ops"])  # heads were reconciled
     assert any(o["masked"] > 0 for o in out["ops"] if o["op"].endswith("scores"))
+    rc = main(["diff", str(ckpt), str(tmp_path / "engine.npz"), "--ids", ",".join(map(str, IDS)), "--map", str(rules)])
+    text = capsys.readouterr().out
+    assert rc == 0 and text.startswith(f"no divergence: {out['compared']} ops compared")
 
 
 def test_perturbed_op_is_the_first_divergence(ckpt, reference, tmp_path, capsys):

@@ -200,33 +200,44 @@ class DiffReport:
         }
 
     def summary(self, max_ops: int = 40) -> str:
+        """Text report: the finding, a table of ops (around the first divergence when long), unmatched names."""
         lines = []
         fd = self.first_divergence
-        if fd is None and self.noise_dtype:
-            lines.append(f"no divergence: {self.compared} ops compared within {self.tolerance.noise_factor:g} x "
-                         f"the error of our own {self.noise_dtype} run")
-        elif fd is None:
-            lines.append(f"no divergence: {self.compared} ops compared within tolerance "
-                         f"(cosine >= {self.tolerance.min_cosine:g}, nmse <= {self.tolerance.max_nmse:g})")
-        if fd is None and self.first_local_divergence is not None:
-            lines.append("  " + (self.verdict() or ""))
+        fl = self.first_local_divergence
+        if fd is None:
+            if self.noise_dtype:
+                lines.append(f"no divergence: {self.compared} ops compared within {self.tolerance.noise_factor:g} x "
+                             f"the error of our own {self.noise_dtype} run")
+            else:
+                lines.append(f"no divergence: {self.compared} ops compared within tolerance "
+                             f"(cosine >= {self.tolerance.min_cosine:g}, nmse <= {self.tolerance.max_nmse:g})")
         else:
             lines.append(f"first divergence: {fd.op} (engine {fd.engine_name!r}, op #{fd.index}): "
                          + "; ".join(fd.reasons))
             ins = (self.first_divergence_dict() or {}).get("inputs")
             if ins:
                 lines.append("  its inputs: " + ", ".join(f"{i['op']} ({i['status']})" for i in ins))
-            v = self.verdict()
-            if v:
-                lines.append("  " + v)
-        lines.append(f"{'#':>5}  {'op':<40} {'status':<9} {'cosine':>10} {'nmse':>10} {'max_abs':>10}")
-        shown = self.ops if len(self.ops) <= max_ops else self.ops[:max_ops]
+        v = self.verdict()
+        if v:
+            lines.append("  " + v)
         f = lambda x, spec: "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
-        for o in shown:
+        lines.append(f"{'#':>5}  {'op':<40} {'status':<9} {'cosine':>10} {'nmse':>10} {'max_abs':>10} {'local nmse':>10}")
+        ops = self.ops
+        start = 0
+        if len(ops) > max_ops:
+            focus = fd or fl
+            if focus is not None:
+                at = next(i for i, o in enumerate(ops) if o is focus)
+                start = max(0, min(at - max_ops // 4, len(ops) - max_ops))
+        if start:
+            lines.append(f"       ... {start} ops before")
+        for o in ops[start:start + max_ops]:
+            mark = " <" if o is fd or o is fl else ""
             lines.append(f"{o.index:>5}  {o.op:<40} {o.status:<9} {f(o.cosine, '.6f'):>10} {f(o.nmse, '.3g'):>10} "
-                         f"{f(o.max_abs, '.3g'):>10}")
-        if len(self.ops) > max_ops:
-            lines.append(f"       ... {len(self.ops) - max_ops} more ops")
+                         f"{f(o.max_abs, '.3g'):>10} {f(o.local_nmse, '.3g'):>10}{mark}")
+        rest = len(ops) - start - max_ops
+        if rest > 0:
+            lines.append(f"       ... {rest} more ops")
         if self.unmatched_engine:
             lines.append(f"engine tensors matching no op ({len(self.unmatched_engine)}): "
                          + ", ".join(n + (f" (closest op: {self.suggestions[n]})" if n in self.suggestions else "")
