@@ -338,3 +338,21 @@ def test_bf16_fast_path_matches_exact(case):
     fin = ref[np.isfinite(ref)]
     assert a["min"] == fin.min() and a["max"] == fin.max()
     assert a["mean"] == pytest.approx(fin.mean(), rel=1e-5, abs=1e-35)
+
+
+def test_values_memory_is_bounded_by_chunks(tmp_path):
+    import tracemalloc
+
+    p = zoo.build("qwen3", tmp_path / "big", tokenizer=False, hidden_size=512, num_hidden_layers=4,
+                  intermediate_size=2048, num_attention_heads=4, num_key_value_heads=4, head_dim=128,
+                  vocab_size=8000)
+    size = (p / "model.safetensors").stat().st_size
+    assert size > 30e6
+    tracemalloc.start()
+    try:
+        r = workbench.inspect(p, values=True, progress=False, chunk_bytes=1 << 18)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert r.ok and len(r.tensors) == len(open_checkpoint(p).tensors)
+    assert peak < 8e6, peak  # a few chunks in flight, not the 30+ MB checkpoint

@@ -436,6 +436,7 @@ def _scan_values(cx: _Ctx, report: Report, progress, chunk_bytes):
 
 
 _TLS = threading.local()
+_SUB = 1 << 17  # elements per statistics pass (256 KB of BF16): stays in the L2 cache
 
 
 def _chunk_stats(ck, task):
@@ -446,25 +447,30 @@ def _chunk_stats(ck, task):
 
     key, b, fmt, q = task
     u32 = getattr(_TLS, "u32", None)
-    if u32 is None or u32.size < len(b) // 2:
-        u32 = _TLS.u32 = np.empty(max(len(b) // 2, 1 << 19), np.uint32)
-        _TLS.u16 = np.empty(max(len(b) // 2, 1 << 19), np.uint16)
-        _TLS.bools = np.empty(max(len(b), 1 << 20), np.bool_)
+    if u32 is None:  # per-thread scratch for one cache-sized piece
+        u32 = _TLS.u32 = np.empty(_SUB, np.uint32)
+        _TLS.u16 = np.empty(_SUB, np.uint16)
+        _TLS.bools = np.empty(_SUB, np.bool_)
     part = Stats()
     if q is None and fmt == "BF16":
-        part.add_bf16(np.frombuffer(b, np.uint16), u32, _TLS.u16)
+        u = np.frombuffer(b, np.uint16)
+        for i in range(0, u.size, _SUB):  # cache-sized pieces: the passes over each stay in L2
+            part.add_bf16(u[i: i + _SUB], u32, _TLS.u16)
     elif q is None:
-        part.add(to_float(b, fmt, u32), _TLS.bools)
+        x = to_float(b, fmt)
+        for i in range(0, x.size, _SUB):
+            part.add(x[i: i + _SUB], _TLS.bools)
     else:
         packed, spec, sc, bi, row, rows = q
         srb = row_bytes(sc.dtype, sc.shape)
         sb = pread(os.path.join(str(ck.root), sc.file), sc.offset + row * srb, rows * srb)
         bb = pread(os.path.join(str(ck.root), bi.file), bi.offset + row * srb, rows * srb) if bi else None
         x = dequant_rows(b, sb, bb, rows, packed, sc.shape[-1], spec, sc.dtype)
-        if x.dtype == np.uint16:
-            part.add_bf16(x)
-        else:
-            part.add(x)
+        for i in range(0, x.size, _SUB):
+            if x.dtype == np.uint16:
+                part.add_bf16(x[i: i + _SUB], u32, _TLS.u16)
+            else:
+                part.add(x[i: i + _SUB], _TLS.bools)
     return key, part, len(b)
 
 

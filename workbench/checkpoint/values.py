@@ -17,7 +17,7 @@ import numpy as np
 
 from workbench.checkpoint.sfile import DTYPE_BITS
 
-CHUNK_BYTES = 1 << 20  # small enough for the cache: several passes over a chunk stay cheap
+CHUNK_BYTES = 4 << 20  # read size; statistics run on cache-sized pieces of it
 
 _BF16 = {"BF16"}
 _INT = {"U8": np.uint8, "I8": np.int8, "U16": np.uint16, "I16": np.int16, "U32": np.uint32,
@@ -154,7 +154,7 @@ _ONES = np.ones(0, np.float32)
 def _ones(n):
     global _ONES
     if _ONES.size < n:
-        _ONES = np.ones(max(n, 1 << 19), np.float32)
+        _ONES = np.ones(max(n, 1 << 17), np.float32)
     return _ONES[:n]
 
 
