@@ -18,14 +18,15 @@ def rel_err(a, b):
     return mx.abs(a - b).max().item() / mx.abs(b).max().item()
 
 
-CASES = [(arch, quant, layout) for arch in zoo.ARCHS for quant, layout in
-         [(None, "mlx"), (None, "hf"), ("affine4", "mlx"), ("mxfp4", "mlx")]]
+CASES = [(arch, quant, layout, "bfloat16" if quant == "mxfp4" else "float32") for arch in zoo.ARCHS
+         for quant, layout in [(None, "mlx"), (None, "hf"), ("affine4", "mlx"), ("mxfp4", "mlx")]]
+# MX formats next to float32 tensors: mlx-lm dequantizes those embeddings to bfloat16 and the
+# PLE path computes in it; with the storage dtype (dtype=None) the workbench does the same
+CASES += [("gemma4_text", q, "mlx", "float32") for q in ("mxfp4", "mxfp8", "nvfp4")]
 
 
-@pytest.mark.parametrize("arch,quant,layout", CASES)
-def test_zoo_logits_match_mlx_lm(tmp_path, arch, quant, layout):
-    # float32 storage: the exact comparison; MX formats sit next to bfloat16 tensors
-    dtype = "bfloat16" if quant == "mxfp4" else "float32"
+@pytest.mark.parametrize("arch,quant,layout,dtype", CASES)
+def test_zoo_logits_match_mlx_lm(tmp_path, arch, quant, layout, dtype):
     path = zoo.build(arch, tmp_path / arch, quant=quant, layout=layout, dtype=dtype)
     model = workbench.load(path)
     out = model(IDS)

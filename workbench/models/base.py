@@ -186,12 +186,18 @@ class KVCache:
 
 @dataclass
 class Context:
-    """What op functions see: the compute dtype, the weights in it, the KV cache."""
+    """What op functions see: the compute dtype, the weights in it, the KV cache.
+
+    ``uniform``: True when a compute dtype was asked for (every op computes in it);
+    False for the storage dtype(s), where a quantized embedding dequantizes to MLX's
+    default dtype as mlx-lm does (bfloat16 for mxfp4/mxfp8/nvfp4 next to float32
+    tensors), so results equal mlx-lm's even on such mixed checkpoints."""
 
     dtype: mx.Dtype
     weights: Weights
     cache: KVCache | None = None
     model: Any = field(default=None, repr=False)
+    uniform: bool = True
 
 
 # --------------------------------------------------------------------------- RoPE
@@ -337,8 +343,8 @@ class Builder:
                 W = ctx.weights
                 b = W.get(bn)
                 return mx.dequantize(W[wn][ids], scales=W[sn][ids],
-                                     biases=b[ids] if b is not None else None,
-                                     group_size=gs, bits=bits, mode=mode, dtype=ctx.dtype)
+                                     biases=b[ids] if b is not None else None, group_size=gs,
+                                     bits=bits, mode=mode, dtype=ctx.dtype if ctx.uniform else None)
         return self.op(name, "embedding", fn, [ids], [path], quant=_qattrs(q))
 
     def linear(self, name: str, x: str, path: str | None = None, **attrs) -> str:
@@ -629,8 +635,10 @@ class Model:
         return w
 
     def context(self, dtype=None, cache: KVCache | None = None) -> Context:
+        """dtype None: the storage dtype (``load(dtype=...)`` may have set another default)."""
         dt = parse_dtype(dtype) or self.default_dtype
-        return Context(dtype=dt, weights=self.weights(dt), cache=cache, model=self)
+        uniform = dtype is not None or self.default_dtype != self.dtype
+        return Context(dtype=dt, weights=self.weights(dt), cache=cache, model=self, uniform=uniform)
 
     def make_cache(self) -> KVCache:
         return KVCache(self.num_layers)
