@@ -185,6 +185,7 @@ def test_npy_directory_and_safetensors_engine(ckpt, reference, tmp_path, capsys)
     (["dump", "{ck}", "--ids", "1,2,100000", "--out", "{tmp}/x.safetensors"], "out of range"),
     (["dump", "{ck}", "--ids", "1,2", "--out", "{tmp}/x.safetensors", "--ops", "nothing.*"], "no op matches"),
     (["dump", "{ck}", "--ids", "1,a", "--out", "{tmp}/x.safetensors"], "comma-separated integers"),
+    (["dump", "{ck}", "--ids", "1,2", "--out", "{ck}/model.safetensors"], "not overwriting"),
 ])
 def test_unusable_input_exits_2_with_one_line(ckpt, tmp_path, capsys, args, msg):
     (tmp_path / "garbage.safetensors").write_bytes(b"\xff" * 64)
@@ -195,6 +196,7 @@ def test_unusable_input_exits_2_with_one_line(ckpt, tmp_path, capsys, args, msg)
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and msg in err and "Traceback" not in err
     assert not (tmp_path / "x.safetensors").exists()
+    assert workbench.load(ckpt).program  # the checkpoint is untouched
 
 
 def test_noise_floor_calibrates_limits_per_op(tmp_path, capsys):

@@ -129,7 +129,8 @@ def run_reference(model: Any, prompt: str | None = None, ids: Sequence[int] | No
         dtypes[n] = str(v.dtype).replace("mlx.core.", "")
         values[n] = to_numpy(v)
     path = model if isinstance(model, (str, os.PathLike)) else getattr(m, "path", None)
-    used = dtype or str(m.context(dtype).dtype).replace("mlx.core.", "")
+    path = os.path.abspath(path) if path is not None else None
+    used = _dtype_name(dtype) or str(m.context(dtype).dtype).replace("mlx.core.", "")
     return Reference(values=values, order=list(program.names), ids=token_ids,
                      model=str(path) if path is not None else None, dtype=used,
                      inputs={op.name: tuple(op.inputs) for op in program.ops}, dtypes=dtypes)
@@ -142,8 +143,11 @@ def dump(model: Any, out: str | os.PathLike | None = None, prompt: str | None = 
 
     The file's metadata holds ``workbench.op_order`` (JSON list of every op of the
     program, in execution order), ``workbench.ids`` (the token ids), ``workbench.model``
-    and ``workbench.dtype``.
+    and ``workbench.dtype``.  An existing ``out`` is replaced only if it is itself a
+    workbench dump (a checkpoint shard given by mistake is never overwritten).
     """
+    if out is not None and os.path.exists(out) and not is_reference_dump(out):
+        raise DiffError(f"{out} exists and is not a workbench dump: not overwriting it")
     ref = run_reference(model, prompt=prompt, ids=ids, ops=ops, dtype=dtype)
     if out is not None:
         ref.save(out)
