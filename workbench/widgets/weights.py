@@ -197,29 +197,18 @@ class WeightBrowser(W.VBox):
             self.detail.append_display_data(Image(figure_png(fig, dpi=70)))
 
     def _values(self, t):
-        """The tensor's values (dequantized when packed), or None when they cannot be read."""
+        """The tensor's values (dequantized when packed, by workbench.plots.weight_values), or None."""
         if t["dtype"] not in ("F32", "F16", "BF16", "U32", "U8", "F64") or int(np.prod(t["shape"] or [1])) == 0:
             return None
+        if t["dtype"] in ("U32", "U8") and not (t.get("canonical") or t["name"]).endswith(".weight"):
+            return None
+        from workbench.checkpoint import CheckpointError, open_checkpoint
+        from workbench.plots import weight_values
         try:
-            import mlx.core as mx
-
-            from workbench.checkpoint import CheckpointError, open_checkpoint
             ck = getattr(self, "_ck", None)
             if ck is None:
                 ck = self._ck = open_checkpoint(self.report.path)
-            canon = t.get("canonical") or t["name"]
-            arr = ck.load(canon)
-            if t["dtype"] in ("U32", "U8") and canon.endswith(".weight"):
-                mod = canon[: -len(".weight")]
-                spec = ck.quant_of(mod)
-                if spec is None or f"{mod}.scales" not in ck:
-                    return None
-                b = ck.load(f"{mod}.biases") if spec.has_biases and f"{mod}.biases" in ck else None
-                arr = mx.dequantize(arr, ck.load(f"{mod}.scales"), b, group_size=spec.group_size,
-                                    bits=spec.bits, mode=spec.mode)
-            elif t["dtype"] in ("U32", "U8"):
-                return None
-            return np.array(arr.astype(mx.float32))
+            return weight_values(ck, t.get("canonical") or t["name"])
         except (CheckpointError, ValueError, KeyError, RuntimeError) as e:
             self.detail.append_stdout(f"  (values not shown: {e})\n")
             return None
