@@ -25,6 +25,8 @@ CONFIGS = {
     "llama_tied": dict(BASE, model_type="llama", rope_theta=10000.0, tie_word_embeddings=True),
     "qwen3": dict(BASE, model_type="qwen3", rope_theta=1000000.0, max_position_embeddings=512,
                   tie_word_embeddings=True),
+    "qwen2": dict(BASE, model_type="qwen2", rope_theta=1000000.0, max_position_embeddings=512,
+                  tie_word_embeddings=False),
     "qwen3_yarn": dict(BASE, model_type="qwen3", rope_theta=1000000.0, max_position_embeddings=512,
                        tie_word_embeddings=False,
                        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}),

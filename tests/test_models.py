@@ -13,7 +13,7 @@ import models_tiny as mt
 from workbench.program import execute
 
 IDS = mx.array([[1, 5, 9, 33, 2, 7, 100, 200, 3, 4, 17, 250]])  # longer than the sliding windows (5)
-ARCHS = ["llama", "llama_tied", "qwen3", "qwen3_yarn", "gemma3_text", "gemma4_text", "gemma4_keqv", "gemma4_moe"]
+ARCHS = ["llama", "llama_tied", "qwen2", "qwen3", "qwen3_yarn", "gemma3_text", "gemma4_text", "gemma4_keqv", "gemma4_moe"]
 
 
 def rel_err(a, b) -> float:

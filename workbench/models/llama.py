@@ -1,4 +1,6 @@
-"""Llama (and Llama-shaped checkpoints): pre-norm decoder, RoPE, GQA, SwiGLU MLP.
+"""Llama (and Llama-shaped checkpoints: Mistral, Qwen2): pre-norm decoder, RoPE, GQA, SwiGLU MLP.
+
+Linear layers add their ``.bias`` when the checkpoint has one (Qwen2's q/k/v).
 
 Per layer ``i`` (x = ``layers.{i-1}``, or ``embed_tokens`` for the first layer)::
 
@@ -20,7 +22,7 @@ from typing import Optional
 from workbench.models.base import BaseConfig, Builder, rope_params, swiglu
 
 FAMILY = "llama"
-MODEL_TYPES = ("llama", "mistral")
+MODEL_TYPES = ("llama", "mistral", "qwen2")  # qwen2: llama with q/k/v biases
 
 
 @dataclass
