@@ -194,3 +194,9 @@ def test_unusable_paths(tmp_path):
     (tmp_path / "f.txt").write_text("x")
     with pytest.raises(CheckpointError, match="not a directory or a .safetensors file"):
         open_checkpoint(tmp_path / "f.txt")
+
+
+def test_index_file_as_path(tmp_path):
+    p = zoo.build("llama", tmp_path / "l", shards=2)
+    ck = open_checkpoint(p / "model.safetensors.index.json")
+    assert ck.path == p and len(ck.files) == 2 and not ck.problems

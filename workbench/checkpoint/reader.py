@@ -78,6 +78,9 @@ class Checkpoint:
         self._mx_cache: dict[str, dict] = {}
         if not os.path.lexists(p):
             raise CheckpointError(f"{p}: no such file or directory")
+        if p.is_file() and p.name.endswith(".index.json"):  # pointing at the index: the directory
+            p = p.parent
+            self.path = p
         if p.is_file():
             if not p.name.endswith(".safetensors"):
                 raise CheckpointError(f"{p}: not a directory or a .safetensors file")

@@ -17,6 +17,7 @@ import numpy as np
 
 from workbench.checkpoint.sfile import DTYPE_BITS
 
+READAHEAD = 64 << 20  # bytes the kernel is asked to prefetch ahead of the reader
 CHUNK_BYTES = 4 << 20  # read size; statistics run on cache-sized pieces of it
 
 _BF16 = {"BF16"}
@@ -220,10 +221,25 @@ class ChunkReader:
         def work():
             try:
                 with open(self.path, "rb", buffering=0) as f:
+                    ahead = 0  # the kernel reads this far ahead asynchronously (posix_fadvise WILLNEED)
+                    advise = getattr(os, "posix_fadvise", None)
+                    if advise:
+                        try:
+                            advise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                        except OSError:
+                            advise = None
                     for key, start, length in spans:
                         f.seek(start)
                         left = length
                         while left > 0 and not stop.is_set():
+                            pos = start + length - left
+                            if advise and pos + READAHEAD // 2 > ahead:
+                                try:
+                                    advise(f.fileno(), max(pos, ahead), pos + READAHEAD - max(pos, ahead),
+                                           os.POSIX_FADV_WILLNEED)
+                                except OSError:
+                                    pass
+                                ahead = pos + READAHEAD
                             b = f.read(min(self.chunk, left))
                             if not b:
                                 raise EOFError(f"unexpected end of file at byte {start + length - left}")
