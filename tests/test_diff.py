@@ -271,3 +271,29 @@ def test_entry_point_and_lazy_attributes(tmp_path):
                         str(tmp_path / "e.npz"), "--ids", "1,2", "--json"], capture_output=True, text=True)
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
     assert "error" in json.loads(p.stdout)
+
+
+def test_moe_engine_listing_experts_in_its_own_order(tmp_path):
+    """An engine that sorts its top-k experts by score: same choices, another order on the k axis."""
+    from workbench.diff import run_reference
+    model = workbench.load(zoo.build("gemma4_moe", tmp_path / "moe", dtype="float32"))
+    ref = run_reference(model, ids=IDS)
+    eng, moved = dict(ref.values), 0
+    for i in range(model.num_layers):
+        idx, scores = eng[f"layers.{i}.router.top_k"], eng[f"layers.{i}.router.proj"]
+        q = np.argsort(-np.take_along_axis(scores, idx.astype(np.int64), -1), axis=-1)
+        moved += int((q[..., 0] != 0).sum())
+        eng[f"layers.{i}.router.top_k"] = np.take_along_axis(idx, q, -1)
+        eng[f"layers.{i}.router.weights"] = np.take_along_axis(eng[f"layers.{i}.router.weights"], q, -1)
+        for n in ("gate_proj", "up_proj", "act", "down_proj"):
+            k = f"layers.{i}.experts.switch_glu.{n}"
+            eng[k] = np.take_along_axis(eng[k], q[..., None], -2)
+    assert moved > 0  # the engine's order really differs from ours somewhere
+    r = compare(model, eng, ids=IDS)
+    assert r.first_divergence is None and r.first_local_divergence is None
+    assert "top-k order aligned" in r["layers.0.router.top_k"].layout
+    assert "aligned to ours" in r["layers.0.experts.switch_glu.down_proj"].layout
+    # a wrong expert choice is still a divergence
+    bad = dict(eng)
+    bad["layers.1.router.top_k"] = (bad["layers.1.router.top_k"] + 1) % 4
+    assert compare(model, bad, ids=IDS, local=False).first_divergence.op == "layers.1.router.top_k"

@@ -173,6 +173,23 @@ def _dtype_name(d) -> str | None:
         raise DiffError(str(e)) from None
 
 
+def topk_dependents(program) -> dict[str, list[str]]:
+    """Every top-k index op (expert selection) -> the ops of its layer that read it, directly or not."""
+    out = {}
+    for op in program.ops:
+        if op.kind != "topk":
+            continue
+        reach, deps = {op.name}, []
+        for later in program.ops[program.index(op.name) + 1:]:
+            if later.layer != op.layer or later.kind == "topk":
+                continue
+            if any(s in reach for s in later.inputs):
+                reach.add(later.name)
+                deps.append(later.name)
+        out[op.name] = deps
+    return out
+
+
 def local_errors(report: DiffReport, model: Any, aligned: Mapping[str, np.ndarray], ids: Sequence[int],
                  dtype: str | None = None, dtypes: Mapping[str, str] | None = None) -> int:
     """Fill each op's local error: our op applied to the engine's own (aligned) inputs.
@@ -206,12 +223,15 @@ def local_errors(report: DiffReport, model: Any, aligned: Mapping[str, np.ndarra
         else:
             try:
                 ours = to_numpy(op.fn(ctx, *args))
-            except (ValueError, TypeError, IndexError) as e:  # an op that cannot run on these inputs
+            except (ValueError, TypeError, IndexError, RuntimeError) as e:  # cannot run on these inputs
                 od.reasons.append(f"local error not computed: {e}")
                 continue
             if ours.shape != aligned[od.op].shape:
                 continue
-            m = error_metrics(ours, aligned[od.op], mask_below=tol.mask_below)
+            theirs = aligned[od.op]
+            if op.kind == "topk":  # a set of indices: compare it as a set
+                ours, theirs = np.sort(ours, axis=-1), np.sort(theirs, axis=-1)
+            m = error_metrics(ours, theirs, mask_below=tol.mask_below)
             od.local_cosine, od.local_nmse, od.local_max_abs = m["cosine"], m["nmse"], m["max_abs"]
             od.local_diverged = local_diverged(m, tol)
             n += 1
@@ -263,8 +283,12 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
             matched, _, _ = match_names(eng.keys(), [n for n in model.order if n in model.values], rules)
             noise = run_reference(model.model, ids=model.ids, ops=list(matched) or None, dtype=noise_floor).values
         aligned: dict = {}
+        topk = None
+        if model.model and os.path.exists(model.model):
+            topk = topk_dependents(_load_model(model.model, None).program)
         report = compare_arrays(model.values, eng, order=model.order, rules=rules, tolerance=tolerance,
-                                inputs=model.inputs, noise=noise, noise_dtype=noise_floor, aligned=aligned)
+                                inputs=model.inputs, noise=noise, noise_dtype=noise_floor, aligned=aligned,
+                                topk=topk)
         if local and model.model and os.path.exists(model.model) and model.ids:
             local_errors(report, _load_model(model.model, None), aligned, model.ids,
                          dtype=model.dtype, dtypes=model.dtypes)
@@ -286,7 +310,7 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
     aligned: dict = {}
     report = compare_arrays(values, eng, order=program.names, rules=rules, tolerance=tolerance,
                             inputs={op.name: tuple(op.inputs) for op in program.ops}, noise=noise,
-                            noise_dtype=noise_floor, aligned=aligned)
+                            noise_dtype=noise_floor, aligned=aligned, topk=topk_dependents(program))
     if local and matched:
         local_errors(report, m, aligned, token_ids, dtype=dtype, dtypes=dtypes)
     return report

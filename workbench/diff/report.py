@@ -255,6 +255,23 @@ class DiffReport:
         p.text(self.summary())
 
 
+def _topk_alignment(ref: np.ndarray, eng: np.ndarray) -> np.ndarray | None:
+    """Per row, the permutation q of the engine's k axis with eng[q] == ref (rows whose sets
+    differ keep their order); None when no row needs reordering."""
+    r = np.rint(ref).astype(np.int64)
+    e = np.rint(eng).astype(np.int64)
+    if np.array_equal(r, e):
+        return None
+    same_set = np.all(np.sort(r, axis=-1) == np.sort(e, axis=-1), axis=-1)
+    if not same_set.any():
+        return None
+    se = np.argsort(e, axis=-1, kind="stable")
+    inv_r = np.argsort(np.argsort(r, axis=-1, kind="stable"), axis=-1, kind="stable")
+    q = np.take_along_axis(se, inv_r, axis=-1)  # e[q] == sorted(e)[rank of r] == r
+    ident = np.broadcast_to(np.arange(r.shape[-1]), r.shape)
+    return np.where(same_set[..., None], q, ident)
+
+
 def match_names(engine_names: Iterable[str], ours: Sequence[str], rules: Rules) -> tuple[dict[str, str], list[str], dict[str, str]]:
     """Map engine names through the rules -> ({our op: engine name}, unmatched engine names, renamed)."""
     known = set(ours)
@@ -278,7 +295,8 @@ def match_names(engine_names: Iterable[str], ours: Sequence[str], rules: Rules) 
 def compare_arrays(reference: Mapping[str, Any], engine: Mapping[str, Any], order: Sequence[str] | None = None,
                    rules: Rules | Iterable[Sequence[str]] | None = None, tolerance: Tolerance | dict | None = None,
                    inputs: Mapping[str, Sequence[str]] | None = None, noise: Mapping[str, Any] | None = None,
-                   noise_dtype: str | None = None, aligned: dict | None = None) -> DiffReport:
+                   noise_dtype: str | None = None, aligned: dict | None = None,
+                   topk: Mapping[str, Iterable[str]] | None = None) -> DiffReport:
     """Compare engine activations with ours.
 
     ``reference``: our activations by op name (every op of ``order`` that the engine may
@@ -288,7 +306,12 @@ def compare_arrays(reference: Mapping[str, Any], engine: Mapping[str, Any], orde
     divergence's inputs were still fine; ``noise``: our activations computed in the
     engine's dtype (``noise_dtype``), to hold each op to a multiple of that run's error
     instead of the fixed limits (see :mod:`workbench.diff.metrics`); ``aligned``: a dict
-    filled with the engine's tensors brought to our names and layouts.
+    filled with the engine's tensors brought to our names and layouts; ``topk``: top-k
+    index ops -> the ops that depend on them.  Engines list the k selected experts in
+    their own order (sorted by score, or not); where a row selects the same set as ours,
+    the engine's k axis is put in our order, in the top-k op and in every dependent op
+    whose leading dims are the top-k's (router weights ``[.., k]``, expert outputs
+    ``[.., k, D]``).  Rows that select different experts are left as they are.
     """
     tol = Tolerance.from_any(tolerance)
     if rules and not isinstance(next(iter(rules))[0], re.Pattern):
@@ -301,6 +324,8 @@ def compare_arrays(reference: Mapping[str, Any], engine: Mapping[str, Any], orde
     matched, unmatched_engine, renamed = match_names(engine.keys(), available, rules)
     pos = {n: i for i, n in enumerate(order)}
     ops: list[OpDiff] = []
+    topk = {k: set(v) for k, v in (topk or {}).items()}
+    orders: dict[str, np.ndarray] = {}
     for name in sorted(matched, key=pos.__getitem__):
         en = matched[name]
         ref = to_numpy(reference[name])
@@ -314,6 +339,17 @@ def compare_arrays(reference: Mapping[str, Any], engine: Mapping[str, Any], orde
             od.reasons = [str(e)]
             ops.append(od)
             continue
+        if name in topk and eng.shape == ref.shape and eng.ndim >= 1:
+            q = _topk_alignment(ref, eng)
+            if q is not None:
+                orders[name] = q
+                eng = np.take_along_axis(eng, q, axis=-1)
+                od.layout = (od.layout + "; " if od.layout else "") + "top-k order aligned to ours"
+        for src, q in orders.items():
+            if name in topk.get(src, ()) and eng.shape[: q.ndim] == q.shape and eng.ndim >= q.ndim:
+                qq = q.reshape(q.shape + (1,) * (eng.ndim - q.ndim))
+                eng = np.take_along_axis(eng, np.broadcast_to(qq, q.shape + eng.shape[q.ndim:]), axis=q.ndim - 1)
+                od.layout = (od.layout + "; " if od.layout else "") + f"k axis in {src}'s order aligned to ours"
         if aligned is not None:
             aligned[name] = eng
         m = error_metrics(ref, eng, mask_below=tol.mask_below)
