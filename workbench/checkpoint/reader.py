@@ -163,7 +163,11 @@ class Checkpoint:
             return model_files
         wm = {}
         escaped = {}
+        invalid = {}
         for name, f in idx["weight_map"].items():
+            if not isinstance(f, str) or not f.strip() or "\x00" in f:
+                invalid.setdefault(repr(f)[:60], []).append(name)
+                continue
             if not _inside(self.root, f):
                 escaped.setdefault(str(f), []).append(name)
                 continue
@@ -173,6 +177,12 @@ class Checkpoint:
                                          f"{INDEX_NAME} maps {len(ns)} tensor(s) (first {ns[0]!r}) to {f!r}, "
                                          "outside the checkpoint directory: refused, not opened",
                                          tensor=ns[0], file=INDEX_NAME, layer=N.layer_of(ns[0])))
+        for f, ns in invalid.items():
+            self.problems.append(Problem("index-mismatch", "error",
+                                         f"{INDEX_NAME} maps {len(ns)} tensor(s) (first {ns[0]!r}) to {f}, "
+                                         "which is not a file name", tensor=ns[0], file=INDEX_NAME,
+                                         layer=N.layer_of(ns[0])))
+            escaped.setdefault(f, []).extend(ns)  # known names, not "unlisted"
         self.index = {"weight_map": wm, "escaped": escaped, "metadata": idx.get("metadata")}
         files = []
         self._missing_shards = {}
