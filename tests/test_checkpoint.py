@@ -200,3 +200,29 @@ def test_index_file_as_path(tmp_path):
     p = zoo.build("llama", tmp_path / "l", shards=2)
     ck = open_checkpoint(p / "model.safetensors.index.json")
     assert ck.path == p and len(ck.files) == 2 and not ck.problems
+
+
+def test_fp8_decoded(tmp_path):
+    from workbench.checkpoint.values import LUT
+
+    u = np.arange(256, dtype=np.uint8)
+    ref_e4m3 = np.array(mx.from_fp8(mx.array(u), dtype=mx.float32))  # MLX's E4M3
+    ref_e5m2 = (u.astype(np.uint16) << 8).view(np.float16).astype(np.float32)  # E5M2 = float16's top byte
+    for lut, ref in ((LUT["E4M3"], ref_e4m3), (LUT["E5M2"], ref_e5m2)):
+        assert np.array_equal(np.isnan(lut), np.isnan(ref))
+        assert np.array_equal(lut[~np.isnan(lut)], ref[~np.isnan(ref)])
+    # a checkpoint holding FP8 tensors: load decodes, --values scans them
+    d = tmp_path / "ck"
+    d.mkdir()
+    raw = u.tobytes()
+    header = {"a": {"dtype": "F8_E4M3", "shape": [256], "data_offsets": [0, 256]},
+              "b": {"dtype": "F8_E5M2", "shape": [16, 16], "data_offsets": [256, 512]}}
+    _write_raw(d / "model.safetensors", header, raw + raw)
+    ck = open_checkpoint(d)
+    a = np.array(ck.load("a"))
+    assert np.array_equal(a[~np.isnan(a)], ref_e4m3[~np.isnan(ref_e4m3)])
+    assert ck.load("b").shape == (16, 16)
+    r = workbench.inspect(d, values=True, progress=False)
+    s = {t["name"]: t["stats"] for t in r.tensors}
+    assert (s["a"]["nan"], s["a"]["posinf"]) == (2, 0) and s["a"]["max"] == 448.0
+    assert (s["b"]["nan"], s["b"]["posinf"], s["b"]["neginf"]) == (6, 1, 1)

@@ -391,7 +391,7 @@ def _scan_values(cx: _Ctx, report: Report, progress, chunk_bytes):
             for t in sorted(sf.tensors.values(), key=lambda t: t.begin):
                 if t.name in sf.truncated or ck.where.get(t.name, [fname])[0] != fname:
                     continue
-                if DTYPE_BITS[t.dtype] % 8 or t.dtype in ("C64", "F8_E5M2"):
+                if DTYPE_BITS[t.dtype] % 8 or t.dtype == "C64":
                     report.notes.append(f"{t.name}: dtype {t.dtype} not scanned")
                     continue
                 spans.append((t.name, sf.abs_offset(t), t.end - t.begin))

@@ -356,8 +356,8 @@ class Checkpoint:
         if raw is None or t.source_name in sf.truncated:
             raise CheckpointError(f"{where}: data lies past the end of the file ({sf.size} bytes)")
         arr = None
-        # mx.load reads F64 as float32: those (and files with header problems) take the numpy path
-        if raw.dtype != "F64" and not any(p["severity"] == "error" for p in sf.problems):
+        # mx.load reads F64 as float32 and has no FP8: those (and files with header problems) take the numpy path
+        if raw.dtype not in ("F64", "F8_E4M3", "F8_E5M2", "F8_E8M0") and not any(p["severity"] == "error" for p in sf.problems):
             try:
                 d = self._mx_cache.get(t.file)
                 if d is None:
@@ -371,6 +371,10 @@ class Checkpoint:
                 a = sf.read_numpy(t.source_name)
             except (ValueError, OSError) as e:
                 raise CheckpointError(f"{where}: {e}") from None
+            if raw.dtype in ("F8_E4M3", "F8_E5M2", "F8_E8M0"):  # decoded to float32
+                from workbench.checkpoint.values import to_float
+
+                a = to_float(a.tobytes(), raw.dtype).reshape(a.shape)
             arr = mx.array(a, dtype=mx.float64) if raw.dtype == "F64" else mx.array(a)
             if raw.dtype == "BF16":
                 arr = arr.view(mx.bfloat16)

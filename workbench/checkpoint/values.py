@@ -187,7 +187,21 @@ def _lut_e4m3() -> np.ndarray:
     return v
 
 
-LUT = {"E8M0": _lut_e8m0(), "E4M3": _lut_e4m3()}
+def _lut_e5m2() -> np.ndarray:
+    """FP8 E5M2 -> float32 (IEEE-like: exponent 31 is Inf / NaN)."""
+    u = np.arange(256)
+    sign = np.where(u & 0x80, -1.0, 1.0)
+    e = (u >> 2) & 0x1F
+    m = u & 0x3
+    with np.errstate(over="ignore"):
+        v = np.where(e == 0, m / 4.0 * 2.0 ** -14, (1 + m / 4.0) * 2.0 ** (e - 15.0)) * sign
+    v[(e == 31) & (m == 0)] = np.inf
+    v[(e == 31) & (m == 0) & (u & 0x80 > 0)] = -np.inf
+    v[(e == 31) & (m != 0)] = np.nan
+    return v.astype(np.float32)
+
+
+LUT = {"E8M0": _lut_e8m0(), "E4M3": _lut_e4m3(), "E5M2": _lut_e5m2()}
 
 
 def to_float(raw: bytes | memoryview, dtype: str, scratch=None) -> np.ndarray:
@@ -200,6 +214,8 @@ def to_float(raw: bytes | memoryview, dtype: str, scratch=None) -> np.ndarray:
         return LUT["E8M0"][np.frombuffer(raw, np.uint8)]
     if dtype in ("F8_E4M3", "E4M3"):
         return LUT["E4M3"][np.frombuffer(raw, np.uint8)]
+    if dtype in ("F8_E5M2", "E5M2"):
+        return LUT["E5M2"][np.frombuffer(raw, np.uint8)]
     if dtype in _INT:
         return np.frombuffer(raw, _INT[dtype])
     raise ValueError(f"dtype {dtype} not supported by --values")
