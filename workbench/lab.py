@@ -12,7 +12,6 @@ import json
 import os
 import secrets
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -98,16 +97,12 @@ def run(args) -> int:
         print(f"workbench lab: {len(notebooks)} notebooks in {root}\n  open {url}\n  (Ctrl-C to stop)", flush=True)
     if args.dry_run:
         return 0
-    proc = subprocess.Popen(argv, cwd=str(root))
-    try:
-        return proc.wait()
-    except KeyboardInterrupt:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        return 0
+    # become JupyterLab (no wrapper process left behind: Ctrl-C and SIGTERM reach it directly)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.chdir(root)
+    os.execv(argv[0], argv)
+    return 0  # pragma: no cover  (execv does not return)
 
 
 def shlex_quote(s: str) -> str:

@@ -1,0 +1,58 @@
+"""`workbench lab`: the README's main command opens JupyterLab on notebooks/."""
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+
+from workbench.cli import main as cli_main
+from workbench.lab import NOTEBOOKS
+
+
+def test_dry_run_json_describes_the_launch(capsys):
+    assert cli_main(["lab", "--dry-run", "--json", "--port", "8899"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["notebook_dir"] == str(NOTEBOOKS)
+    assert "01_tour.ipynb" in info["notebooks"] and len(info["notebooks"]) >= 8
+    assert info["url"].startswith("http://127.0.0.1:8899/lab/tree/01_tour.ipynb?token=")
+    cmd = info["command"]
+    assert cmd[:3] == [sys.executable, "-m", "jupyterlab"]
+    assert f"--ServerApp.root_dir={NOTEBOOKS}" in cmd and "--ServerApp.ip=127.0.0.1" in cmd
+    assert "--LabApp.default_url=/lab/tree/01_tour.ipynb" in cmd
+
+
+def test_unusable_input_exits_2(tmp_path, capsys):
+    assert cli_main(["lab", str(tmp_path / "nowhere"), "--dry-run"]) == 2
+    assert "no notebook directory" in capsys.readouterr().err
+    assert cli_main(["lab", "--port", "70000", "--dry-run"]) == 2
+
+
+def test_lab_serves_the_notebooks(tmp_path):
+    """Start `workbench lab` for real, list the notebooks through its REST API, stop it."""
+    served = tmp_path / "nb"
+    served.mkdir()
+    (served / "01_tour.ipynb").write_text((NOTEBOOKS / "01_tour.ipynb").read_text())
+    env = {"JUPYTER_CONFIG_DIR": str(tmp_path / "cfg"), "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt"),
+           }
+    env = {**os.environ, **env}
+    p = subprocess.Popen([sys.executable, "-m", "workbench.cli", "lab", str(served), "--port", "0",
+                          "--no-browser", "--json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                         text=True, env=env)
+    try:
+        info = json.loads(p.stdout.readline())
+        base, token = info["url"].split("/lab/")[0], info["url"].split("token=")[1]
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/api/contents?token={token}", timeout=2) as r:
+                    listing = json.load(r)
+                break
+            except OSError:
+                assert p.poll() is None, "workbench lab exited"
+                assert time.monotonic() < deadline, "JupyterLab did not answer in 90 s"
+                time.sleep(0.5)
+        assert [c["name"] for c in listing["content"]] == ["01_tour.ipynb"]
+    finally:
+        p.terminate()
+        p.wait(timeout=30)
