@@ -187,3 +187,18 @@ def test_concurrent_recording_barriers_and_command_buffers(model):
     commit = next(k for k, e in enumerate(reuse.schedule.events) if e.type == "commit")
     assert (h.kind, h.event, h.other) == ("cb-reuse", reuse.dispatch_of("layers.1.input_layernorm"), commit)
     assert {x.kind for x in reuse.hazards} == {"cb-reuse"}
+
+
+def test_missing_barriers_corrupt_the_numbers_and_are_found(model):
+    emu = Emulator(model, IDS)
+    none = emu.run(mode="concurrent", barriers="none")
+    assert np.isnan(none.logits).all()        # everything read scratch before it was written
+    o_proj, ctx = "layers.1.self_attn.o_proj", "layers.1.self_attn.context"
+    one = emu.run(mode="concurrent", skip_barriers=[o_proj])   # one forgotten memoryBarrier
+    assert not one.exact and one.first_divergence() == o_proj
+    assert np.isfinite(one.logits).all()      # o_proj read layer 0's attention output: wrong, not NaN
+    h = one.hazards[0]
+    assert (h.kind, h.event, h.other) == ("raw", one.dispatch_of(o_proj), one.dispatch_of(ctx))
+    assert {x.kind for x in one.hazards} == {"raw"}
+    with pytest.raises(KeyError, match="did you mean"):
+        emu.run(mode="concurrent", skip_barriers=["layers.1.self_attn.o_prj"])

@@ -42,3 +42,22 @@ def test_any_corruption_is_reported(emu, edits):
         assert run.hazards, f"corrupted ({run.first_divergence()}) but no hazard: {edits}"
     if not run.hazards:
         assert run.exact and run.first_divergence() is None
+
+
+@settings(max_examples=30, deadline=None, database=None, phases=[Phase.explicit, Phase.generate],
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(edits=st.lists(edit, max_size=2), skips=st.lists(st.integers(0, 10**6), max_size=3),
+       barriers=st.sampled_from(["auto", "auto", "none", "all"]))
+def test_any_corruption_is_reported_concurrent(emu, edits, skips, barriers):
+    plan = emu.plan()
+    names, ops, bufs = list(plan.slots), emu.program.names, sorted(plan.buffers())
+    for a, b, how, off in edits:
+        name = ops[a % len(ops)]
+        plan = plan.place(name, like=names[b % len(names)]) if how == "like" else \
+            plan.place(name, bufs[b % len(bufs)], offset=off)
+    run = emu.run(plan, mode="concurrent", barriers=barriers, skip_barriers=[ops[k % len(ops)] for k in skips])
+    validate(run.schedule.to_dict())
+    if run.first_divergence() is not None or not run.exact:
+        assert run.hazards, f"corrupted ({run.first_divergence()}) but no hazard"
+    if not run.hazards:
+        assert run.exact

@@ -26,7 +26,9 @@ Invariants:
    a dispatch whose integer or boolean input (token ids, masks, expert indices) is not
    bit-identical to the reference is not run (a GPU would index out of bounds; MLX would
    crash) and writes 0xFF bytes (NaN) instead;
-4. the recorded schedule (serial, or concurrent with barriers; one command buffer unless
+4. in concurrent mode, the dispatches of one region (between barriers) all read memory
+   as it was at the region's start, and their writes land, in order, at its end;
+5. the recorded schedule (serial, or concurrent with barriers; one command buffer unless
    ``commit_after`` splits it) lists, per dispatch, reads of
    ``in0``, ``in1``, ... labelled with the input's name and a write of ``out`` labelled
    with the op's name; kernels are op kinds, and element-wise kinds declare their
@@ -321,14 +323,20 @@ class Emulator:
     # ------------------------------------------------------------------ running
 
     def run(self, plan: Plan | None = None, *, mode: str = "serial", barriers: str = "auto",
-            commit_after: Sequence[str] = (), reuse_committed: bool = False) -> EmulatorRun:
+            skip_barriers: Sequence[str] = (), commit_after: Sequence[str] = (),
+            reuse_committed: bool = False) -> EmulatorRun:
         """Run every op as a dispatch on the plan's buffers; record the schedule.
 
         mode: "serial", or "concurrent" (dispatches between barriers may overlap, as with a
         Metal concurrent encoder) with ``barriers`` "auto" (a barrier exactly where a
         dispatch touches bytes the current region writes, or writes bytes it reads -- the
-        way ggml-metal places them), "none", or "all" (after every dispatch).  Races are
-        recorded for the analyzer; the numbers are always those of serial execution.
+        way ggml-metal places them), "none", or "all" (after every dispatch).  Within a
+        region every dispatch reads memory as it was when the region began and the writes
+        land at its end (one legal GPU interleaving), so a missing barrier shows in the
+        numbers: a reader gets the previous contents (scratch starts as NaN).
+        skip_barriers: op names before which the "auto" barrier is left out (a forgotten
+        ``memoryBarrier``): the op reads what its region's earlier dispatches have not yet
+        written.
         commit_after: op names after which the command buffer is committed and a new one
         begun; ``reuse_committed=True`` keeps encoding into the committed one instead (the
         crash from the seed reports).
@@ -337,10 +345,13 @@ class Emulator:
             raise ValueError(f"mode must be 'serial' or 'concurrent', got {mode!r}")
         if barriers not in ("auto", "none", "all"):
             raise ValueError(f"barriers must be 'auto', 'none' or 'all', got {barriers!r}")
-        commits = set(commit_after)
-        unknown = [n for n in commits if n not in self.program._index]
-        if unknown:
-            raise KeyError(f"commit_after names no op {unknown[0]!r}")
+        commits, skips = set(commit_after), set(skip_barriers)
+        for arg, names in (("commit_after", commits), ("skip_barriers", skips)):
+            unknown = sorted(n for n in names if n not in self.program._index)
+            if unknown:
+                near = get_close_matches(unknown[0], self.program.names, n=1)
+                hint = f" (did you mean {near[0]!r}?)" if near else ""
+                raise KeyError(f"{arg} names no op {unknown[0]!r}{hint}")
         plan = plan if plan is not None else self.plan()
         prog = self.program
         for n in list(self.feeds) + prog.names:
@@ -358,12 +369,12 @@ class Emulator:
 
         ctx = self._make_ctx()
 
-        def compute(op) -> np.ndarray:
-            """Output bytes of one run of the op's kernel on the current buffer contents."""
+        def compute(op, view: Mapping[str, np.ndarray]) -> np.ndarray:
+            """Output bytes of one run of the op's kernel on the buffer contents ``view``."""
             args = []
             for src in op.inputs:
                 s = plan.slots[src]
-                raw = pool[s.buffer][s.offset: s.offset + self.nbytes[src]].copy()
+                raw = view[s.buffer][s.offset: s.offset + self.nbytes[src]].copy()
                 if src in self._index_like and raw.tobytes() != self._ref_bytes[src]:
                     # clobbered token ids / masks / indices: a GPU kernel would index out of
                     # bounds; the emulator does not run it and writes garbage (0xFF) instead
@@ -377,6 +388,17 @@ class Emulator:
         cb = 0
         region_r: dict[str, RangeMap] = {}
         region_w: dict[str, RangeMap] = {}
+        # writes of the current concurrent region land when it ends: every dispatch of a
+        # region reads memory as it was at the region's start (one legal GPU interleaving)
+        pending: list[tuple[str, int, np.ndarray]] = []
+
+        def end_region() -> None:
+            nonlocal region_r, region_w
+            for b, off, raw in pending:
+                pool[b][off: off + raw.size] = raw
+            pending.clear()
+            region_r, region_w = {}, {}
+
         for op in prog.ops:
             out_slot = plan.slots[op.name]
             n_out = self.nbytes[op.name]
@@ -394,30 +416,38 @@ class Emulator:
                             for a in reads)
                 clash = clash or any(m.get(a.buffer) is not None and m[a.buffer].any_overlap(a.offset, a.end)
                                      for a in writes for m in (region_r, region_w))
-                if clash:
+                if clash and op.name not in skips:
                     events.append(Event("barrier"))
-                    region_r, region_w = {}, {}
+                    end_region()
             events.append(Event("dispatch", name=op.name, kernel=op.kind, cb=cb, reads=reads, writes=writes))
+            # run the kernel on memory as this region sees it
+            if not aliased:
+                raw = compute(op, pool)
+            else:
+                own = pool[out_slot.buffer].copy()     # the kernel sees its own tiles land
+                view = dict(pool)
+                view[out_slot.buffer] = own
+                self._tiled(op, lambda o: compute(o, view), own, o0, n_out)
+                raw = own[o0:o1].copy()
+            pending.append((out_slot.buffer, o0, raw))
+            shape, dt = self.shapes[op.name]
+            outputs[op.name] = _host(raw.copy(), shape, dt)
             if mode == "concurrent":
                 for accs, m in ((reads, region_r), (writes, region_w)):
                     for a in accs:
                         m.setdefault(a.buffer, RangeMap()).assign(a.offset, a.end, 1)
                 if barriers == "all":
                     events.append(Event("barrier"))
-                    region_r, region_w = {}, {}
+                    end_region()
+            else:
+                end_region()
             if op.name in commits:
+                end_region()
                 events.append(Event("commit", cb=cb))
                 events.append(Event("complete", cb=cb))
-                region_r, region_w = {}, {}
                 if not reuse_committed:
                     cb += 1
-            dest = pool[out_slot.buffer]
-            if not aliased:
-                dest[o0:o1] = compute(op)
-            else:
-                self._tiled(op, compute, dest, o0, n_out)
-            shape, dt = self.shapes[op.name]
-            outputs[op.name] = _host(dest[o0:o1].copy(), shape, dt)
+        end_region()
         if prog.ops[-1].name not in commits:
             events.append(Event("commit", cb=cb))
             events.append(Event("complete", cb=cb))
