@@ -356,3 +356,25 @@ def test_values_memory_is_bounded_by_chunks(tmp_path):
         tracemalloc.stop()
     assert r.ok and len(r.tensors) == len(open_checkpoint(p).tensors)
     assert peak < 8e6, peak  # a few chunks in flight, not the 30+ MB checkpoint
+
+
+def test_tower_layer_consistency(tmp_path):
+    # towers have no architecture table: a layer lacking what the other layers hold is reported
+    from workbench.zoo import write_safetensors
+
+    d = tmp_path / "ck"
+    p = zoo.build("gemma4", d)
+    ck = open_checkpoint(p)
+    extra = {}
+    for i in range(4):
+        for suf in ("lconv1d.linear_start.linear.weight", "lconv1d.norm.weight"):
+            if (i, suf) != (2, "lconv1d.linear_start.linear.weight"):
+                extra[f"audio_tower.layers.{i}.{suf}"] = ("BF16", (8, 8) if "linear" in suf else (8,),
+                                                          bytes(128 if "linear" in suf else 16))
+    write_safetensors(d / "model-audio.safetensors", extra)
+    r = workbench.inspect(p)
+    (w,) = [x for x in r.problems if x.tensor == "audio_tower.layers.2.lconv1d.linear_start.linear.weight"]
+    assert w.code == "missing-tensor" and w.severity == "warning" and "3 of the 4 layers" in w.message
+    assert r.ok  # a warning: the language model is complete
+    assert len(r.problems) == 1, [x.message for x in r.problems]
+    del ck

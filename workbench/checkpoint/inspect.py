@@ -274,6 +274,36 @@ def _check_arch(cx: _Ctx, report: Report):
     return a
 
 
+_TOWER_LAYER = re.compile(r"^(.*?\blayers)\.(\d+)\.(.+)$")
+
+
+def _check_towers(cx: _Ctx):
+    """Vision / audio towers have no architecture table here; check that their layers are
+    alike: a tensor that most layers of a stack hold but one layer lacks is reported
+    (a warning: some towers mix block kinds)."""
+    stacks = {}
+    for name, ti in cx.ck.tensors.items():
+        if ti.component == "language_model":
+            continue
+        m = _TOWER_LAYER.match(name)
+        if m:
+            stacks.setdefault(m.group(1), {}).setdefault(int(m.group(2)), {})[m.group(3)] = ti
+    for stack, layers in stacks.items():
+        if len(layers) < 3:
+            continue
+        counts = Counter(suf for lay in layers.values() for suf in lay)
+        n = len(layers)
+        for suf, c in sorted(counts.items()):
+            if n - c == 0 or c < 0.75 * n:
+                continue
+            for i in sorted(layers):
+                if suf not in layers[i]:
+                    like = next(iter(layers[j][suf] for j in layers if suf in layers[j]))
+                    cx.add("missing-tensor", "warning",
+                           f"{stack}.{i}.{suf} is absent, but {c} of the {n} layers of {stack} hold it "
+                           f"({like.dtype} {list(like.shape)})", tensor=f"{stack}.{i}.{suf}", layer=None)
+
+
 def _shape_problem(cx, ti, want, quant=False):
     got = tuple(ti.shape)
     hint = ""
@@ -510,6 +540,7 @@ def inspect(path, values: bool = False, *, tensors: bool = False, progress=None,
     if "language_model" not in report.components and ck.tensors:
         report.components = {"language_model": 0, **report.components}
     _check_arch(cx, report)
+    _check_towers(cx)
     if not report.quantization:
         qc = ck.quant_config
         report.quantization = {"config": qc.to_dict(), **(qc.default.to_dict() if qc.default else
