@@ -6,6 +6,7 @@ invalid (one line naming the event index and field).
 from __future__ import annotations
 
 import json
+import time
 
 from workbench.buffers.analyze import analyze, summarize
 from workbench.buffers.schedule import ScheduleError, load_schedule
@@ -23,6 +24,7 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from workbench.cli import UsageError
 
+    t0 = time.perf_counter()
     try:
         sch = load_schedule(args.schedule)
     except ScheduleError as e:
@@ -40,7 +42,8 @@ def run(args) -> int:
                           "dispatches": n_disp, "buffers": len(sch.buffers), "counts": summarize(hazards),
                           "hazards": [h.to_dict() for h in hazards]}))
     else:
-        head = f"{args.schedule}: {len(sch.events)} events ({n_disp} dispatches), mode {sch.mode}"
+        head = (f"{args.schedule}: {len(sch.events)} events ({n_disp} dispatches), mode {sch.mode}, "
+                f"analysed in {time.perf_counter() - t0:.2f}s")
         if not hazards:
             print(f"{head}: no hazards")
         else:
