@@ -378,3 +378,15 @@ def test_tower_layer_consistency(tmp_path):
     assert r.ok  # a warning: the language model is complete
     assert len(r.problems) == 1, [x.message for x in r.problems]
     del ck
+
+
+def test_unknown_family_still_checks_layer_consistency(tmp_path):
+    p = zoo.build("qwen3", tmp_path / "ck", broken="missing-tensor")
+    cfg = json.loads((p / "config.json").read_text())
+    cfg["model_type"] = "qwen9"
+    (p / "config.json").write_text(json.dumps(cfg))
+    r = workbench.inspect(p)
+    codes = {(x.code, x.severity) for x in r.problems}
+    assert ("bad-config", "warning") in codes
+    (m,) = [x for x in r.problems if x.code == "missing-tensor"]
+    assert m.tensor == "model.layers.1.self_attn.q_proj.weight" and "2 of the 3 layers" in m.message

@@ -278,12 +278,13 @@ _TOWER_LAYER = re.compile(r"^(.*?\blayers)\.(\d+)\.(.+)$")
 
 
 def _check_towers(cx: _Ctx):
-    """Vision / audio towers have no architecture table here; check that their layers are
-    alike: a tensor that most layers of a stack hold but one layer lacks is reported
+    """Vision / audio towers (and a language model of an unknown family) have no architecture
+    table here; check that their layers are alike: a tensor that most layers of a stack hold but one layer lacks is reported
     (a warning: some towers mix block kinds)."""
     stacks = {}
+    unknown_arch = cx.ck.arch is None  # then the language model gets the same check
     for name, ti in cx.ck.tensors.items():
-        if ti.component == "language_model":
+        if ti.component == "language_model" and not unknown_arch:
             continue
         m = _TOWER_LAYER.match(name)
         if m:
