@@ -103,3 +103,24 @@ def test_diff_view_no_divergence():
     v = DiffView(_diff_report(None))
     assert "no divergence" in v.summary.value
     assert v.first.disabled
+
+
+def test_hazard_timeline_on_the_emulated_attnH_story(tmp_path):
+    import workbench
+    from workbench import zoo
+    from workbench.buffers import Emulator
+
+    model = workbench.load(zoo.build("gemma4_text", tmp_path / "g4", dtype="float32"))
+    emu = Emulator(model, [1, 5, 9, 3, 7, 2])
+    o_proj, ctx = "layers.1.self_attn.o_proj", "layers.1.self_attn.context"
+    bad = emu.run(emu.plan().place(o_proj, like=ctx))
+    w = HazardTimeline(bad.schedule)
+    h = w.selected
+    assert (h.kind, h.event) == ("alias-in-dispatch", bad.dispatch_of(o_proj))
+    lo, hi = w.window.value
+    assert lo <= h.event <= hi
+    txt = _text(w.detail)
+    assert f"dispatch {h.event} '{o_proj}'" in txt and f"Give {o_proj} its own output buffer" in txt
+    assert f">{h.buffer}<" in w.chart.value
+    fixed = HazardTimeline(emu.run(emu.plan().place(o_proj, like=ctx).place(o_proj, buffer="attnH")).schedule)
+    assert fixed.hazards == [] and ">attnH<" in fixed.chart.value
