@@ -297,3 +297,15 @@ def test_moe_engine_listing_experts_in_its_own_order(tmp_path):
     bad = dict(eng)
     bad["layers.1.router.top_k"] = (bad["layers.1.router.top_k"] + 1) % 4
     assert compare(model, bad, ids=IDS, local=False).first_divergence.op == "layers.1.router.top_k"
+
+
+def test_streamed_dump_equals_in_memory_dump(ckpt, reference, tmp_path):
+    streamed, smeta = read_dump(reference)  # written by the CLI, op by op
+    ref = dump(ckpt, out=tmp_path / "mem.safetensors", ids=IDS)  # written from memory
+    mem, mmeta = read_dump(tmp_path / "mem.safetensors")
+    assert set(streamed) == set(mem) == set(ref.order)
+    assert list(streamed) == ref.order  # the streamed file also stores the tensors in execution order
+    for k in mem:
+        np.testing.assert_array_equal(streamed[k], mem[k])
+    assert {k: v for k, v in smeta.items() if k != "workbench.model"} == \
+        {k: v for k, v in mmeta.items() if k != "workbench.model"}

@@ -27,13 +27,16 @@ class Reference:
     inputs: dict[str, tuple[str, ...]] = field(default_factory=dict)
     dtypes: dict[str, str] = field(default_factory=dict)  # each op's own dtype before the float32 dump
 
-    def save(self, path: str | os.PathLike) -> Path:
+    def metadata(self) -> dict[str, str]:
         meta = {readers.META_MODEL: self.model or "", readers.META_DTYPE: self.dtype or "float32"}
         if self.ids is not None:
             meta[readers.META_IDS] = json.dumps([int(i) for i in self.ids])
         meta["workbench.op_inputs"] = json.dumps({k: list(v) for k, v in self.inputs.items()})
         meta["workbench.op_dtypes"] = json.dumps(self.dtypes)
-        readers.write_dump(path, self.values, self.order, meta)
+        return meta
+
+    def save(self, path: str | os.PathLike) -> Path:
+        readers.write_dump(path, self.values, self.order, self.metadata())
         return Path(path)
 
     @classmethod
@@ -111,15 +114,7 @@ def run_reference(model: Any, prompt: str | None = None, ids: Sequence[int] | No
 
     m = _load_model(model, dtype)
     program = m.program
-    if ops is None:
-        names = program.names
-    elif not isinstance(ops, str) and set(ops) <= set(program.names):  # exact op names
-        wanted = set(ops)
-        names = [n for n in program.names if n in wanted]
-    else:
-        names = program.match(ops)
-    if not names:
-        raise DiffError(f"no op matches {ops!r}")
+    names = _select(program, ops)
     token_ids = _ids_for(m, prompt, ids)
     keep = set(names)
     out = execute(program, m.context(dtype), m.feeds(mx.array([token_ids], dtype=mx.int32)), keep=keep.__contains__)
@@ -138,19 +133,60 @@ def run_reference(model: Any, prompt: str | None = None, ids: Sequence[int] | No
 
 def dump(model: Any, out: str | os.PathLike | None = None, prompt: str | None = None,
          ids: Sequence[int] | None = None, ops: str | Iterable[str] | None = None,
-         dtype: str | None = None) -> Reference:
+         dtype: str | None = None, keep_values: bool = True) -> Reference:
     """Run the reference and (when ``out`` is given) write its activations as float32 safetensors.
 
     The file's metadata holds ``workbench.op_order`` (JSON list of every op of the
     program, in execution order), ``workbench.ids`` (the token ids), ``workbench.model``
     and ``workbench.dtype``.  An existing ``out`` is replaced only if it is itself a
     workbench dump (a checkpoint shard given by mistake is never overwritten).
+    ``keep_values=False`` (the CLI) streams the file op by op and returns the Reference
+    without values: memory stays at the forward's own.
     """
     if out is not None and os.path.exists(out) and not is_reference_dump(out):
         raise DiffError(f"{out} exists and is not a workbench dump: not overwriting it")
+    if out is not None and not keep_values:
+        return _dump_streaming(model, out, prompt, ids, ops, dtype)
     ref = run_reference(model, prompt=prompt, ids=ids, ops=ops, dtype=dtype)
     if out is not None:
         ref.save(out)
+    return ref
+
+
+def _select(program, ops) -> list[str]:
+    if ops is None:
+        names = program.names
+    elif not isinstance(ops, str) and set(ops) <= set(program.names):  # exact op names
+        wanted = set(ops)
+        names = [n for n in program.names if n in wanted]
+    else:
+        names = program.match(ops)
+    if not names:
+        raise DiffError(f"no op matches {ops!r}")
+    return names
+
+
+def _dump_streaming(model, out, prompt, ids, ops, dtype) -> Reference:
+    """Write the dump op by op: the header from the lazy shapes, then each value as it is
+    evaluated, so peak memory is the forward's own live set, not every activation."""
+    import mlx.core as mx
+
+    from workbench.program import execute
+
+    m = _load_model(model, dtype)
+    program = m.program
+    names = _select(program, ops)
+    token_ids = _ids_for(m, prompt, ids)
+    ctx = m.context(dtype)
+    lazy = execute(program, ctx, m.feeds(mx.array([token_ids], dtype=mx.int32)), keep=set(names).__contains__)
+    shapes = {n: tuple(lazy[n].shape) for n in names}
+    dtypes = {n: str(lazy[n].dtype).replace("mlx.core.", "") for n in names}
+    path = model if isinstance(model, (str, os.PathLike)) else getattr(m, "path", None)
+    ref = Reference(values={}, order=list(program.names), ids=token_ids,
+                    model=os.path.abspath(path) if path is not None else None,
+                    dtype=_dtype_name(dtype) or str(ctx.dtype).replace("mlx.core.", ""),
+                    inputs={op.name: tuple(op.inputs) for op in program.ops}, dtypes=dtypes)
+    readers.write_dump_streaming(out, shapes, ref.order, ref.metadata(), lambda n: to_numpy(lazy.pop(n)))
     return ref
 
 

@@ -32,12 +32,12 @@ def run(args) -> int:
     if not out.endswith(".safetensors"):
         raise common.UsageError(f"--out {out}: the dump is written as safetensors; name it *.safetensors")
     with common.usage_errors():
-        ref = dump(args.path, out=out, prompt=prompt, ids=ids, ops=ops, dtype=args.dtype)
+        ref = dump(args.path, out=out, prompt=prompt, ids=ids, ops=ops, dtype=args.dtype, keep_values=False)
     size = os.path.getsize(out)
-    summary = {"out": out, "ops": len(ref.values), "program_ops": len(ref.order), "bytes": size,
-               "ids": ref.ids, "dtype": ref.dtype or "float32", "names": list(ref.values)}
+    summary = {"out": out, "ops": len(ref.dtypes), "program_ops": len(ref.order), "bytes": size,
+               "ids": ref.ids, "dtype": ref.dtype or "float32", "names": list(ref.dtypes)}
     if args.json:
         print(json.dumps(summary))
     else:
-        print(f"wrote {len(ref.values)} of {len(ref.order)} ops ({size / 1e6:.1f} MB, float32) to {out}")
+        print(f"wrote {len(ref.dtypes)} of {len(ref.order)} ops ({size / 1e6:.1f} MB, float32) to {out}")
     return 0

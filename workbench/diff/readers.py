@@ -184,6 +184,39 @@ def write_dump(path: str | os.PathLike, arrays: Mapping[str, np.ndarray], order:
     os.replace(tmp, path)
 
 
+def write_dump_streaming(path: str | os.PathLike, shapes: Mapping[str, tuple], order: list[str],
+                         metadata: Mapping[str, str] | None, produce) -> int:
+    """Write float32 tensors one at a time: ``shapes`` (name -> shape, in file order) fixes the
+    header up front, ``produce(name)`` returns each array when its turn comes, so only one
+    tensor needs to be in memory.  Returns the file size."""
+    meta = {META_FORMAT: FORMAT, META_ORDER: json.dumps(list(order))}
+    meta.update({k: str(v) for k, v in (metadata or {}).items()})
+    header: dict = {"__metadata__": meta}
+    off = 0
+    for name, shape in shapes.items():
+        n = int(np.prod(shape, dtype=np.int64)) * 4
+        header[name] = {"dtype": "F32", "shape": [int(x) for x in shape], "data_offsets": [off, off + n]}
+        off += n
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # align the data section to 8 bytes
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(struct.pack("<Q", len(raw)))
+            f.write(raw)
+            for name, shape in shapes.items():
+                arr = np.ascontiguousarray(np.asarray(produce(name), dtype=np.float32))
+                if tuple(arr.shape) != tuple(shape):
+                    raise ValueError(f"tensor {name!r}: produced shape {list(arr.shape)}, header says {list(shape)}")
+                f.write(arr.tobytes())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return 8 + len(raw) + off
+
+
 def dump_order(meta: Mapping[str, str]) -> list[str] | None:
     """The op order recorded in a reference dump's metadata, or None."""
     raw = meta.get(META_ORDER)
