@@ -202,3 +202,25 @@ def test_missing_barriers_corrupt_the_numbers_and_are_found(model):
     assert {x.kind for x in one.hazards} == {"raw"}
     with pytest.raises(KeyError, match="did you mean"):
         emu.run(mode="concurrent", skip_barriers=["layers.1.self_attn.o_prj"])
+
+
+@pytest.mark.parametrize("arch", workbench.zoo.ARCHS)
+def test_every_zoo_architecture_default_plan_exact(arch, tmp_path):
+    kw = {"dtype": "float32"} if "moe" in arch else {}   # MLX's CPU gather_mm needs float32
+    model = workbench.load(workbench.zoo.build(arch, tmp_path / arch, **kw))
+    run = Emulator(model, IDS[:5]).run()
+    assert run.exact and run.hazards == [] and len(run.outputs) == len(model.program)
+
+
+def test_decode_step_with_kv_cache(tmp_path):
+    model = workbench.load(workbench.zoo.build("llama", tmp_path / "llama"))
+    ref_cache, cache = model.make_cache(), model.make_cache()
+    mx.eval(model(IDS, cache=ref_cache), model(IDS, cache=cache))   # prefill, twice
+    ref = model([11], cache=ref_cache)                     # the reference decode step
+    emu = Emulator(model, [11], cache=cache)               # the same step, emulated
+    ok = emu.run()
+    assert ok.exact and ok.hazards == [] and ok.logits.shape == (1, 1, model.vocab_size)
+    assert np.array_equal(ok.logits, np.array(ref.astype(mx.float32)))
+    o_proj = "layers.0.self_attn.o_proj"
+    bad = emu.run(emu.plan().place(o_proj, like="layers.0.self_attn.context"))
+    assert not bad.exact and bad.hazards[0].event == bad.dispatch_of(o_proj)

@@ -244,7 +244,8 @@ def _as_np(a: mx.array) -> np.ndarray:
 class Emulator:
     """Emulate an engine running ``program`` on a buffer pool, for one fixed input.
 
-    ``Emulator(model, ids)`` with a workbench model (``workbench.load``), or
+    ``Emulator(model, ids)`` with a workbench model (``workbench.load``) -- add
+    ``cache=`` (a KV cache filled by an earlier forward) to emulate a decode step -- or
     ``Emulator(program, context=ctx_or_factory, feeds={...})`` for a hand-written
     :class:`~workbench.program.Program`.  ``tiles`` sets how many output tiles per row
     a kernel that aliases its input writes one after another (default 4).
@@ -252,15 +253,18 @@ class Emulator:
 
     def __init__(self, model_or_program: Any, ids: Any = None, *, context: Any = None,
                  feeds: Mapping[str, mx.array] | None = None, dtype: Any = None,
-                 inplace: Mapping[str, list[tuple[str, str]]] | None = None, tiles: int = 4):
+                 inplace: Mapping[str, list[tuple[str, str]]] | None = None, tiles: int = 4,
+                 cache: Any = None):
         if hasattr(model_or_program, "program") and hasattr(model_or_program, "feeds"):
             model = model_or_program
             self.program: Program = model.program
-            self._make_ctx: Callable[[], Any] = lambda: model.context(dtype)
+            # with a KV cache (a decode step after a prefill), every run continues from the
+            # same cached positions: cache ops write after ``cache.start``, so re-running is harmless
+            self._make_ctx: Callable[[], Any] = lambda: model.context(dtype, cache)
             if feeds is None:
                 if ids is None:
                     raise ValueError("give the token ids to run: Emulator(model, ids)")
-                feeds = model.feeds(ids)
+                feeds = model.feeds(ids, cache=cache) if cache is not None else model.feeds(ids)
         else:
             self.program = model_or_program
             if not isinstance(self.program, Program):
