@@ -295,7 +295,7 @@ def _check_towers(cx: _Ctx):
         counts = Counter(suf for lay in layers.values() for suf in lay)
         n = len(layers)
         for suf, c in sorted(counts.items()):
-            if n - c == 0 or c < 0.75 * n:
+            if n - c == 0 or 3 * c < 2 * n:  # held by at least two thirds of the layers
                 continue
             for i in sorted(layers):
                 if suf not in layers[i]:
