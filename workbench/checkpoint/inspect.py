@@ -21,9 +21,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from workbench.checkpoint import names as N
-from workbench.checkpoint.quant import QuantSpec, infer
-from workbench.checkpoint.reader import INDEX_NAME, Checkpoint, CheckpointError, Problem, open_checkpoint
-from workbench.checkpoint.sfile import DTYPE_BITS, FLOAT_DTYPES
+from workbench.checkpoint.quant import infer
+from workbench.checkpoint.reader import Checkpoint, CheckpointError, Problem, open_checkpoint  # noqa: F401
+from workbench.checkpoint.sfile import DTYPE_BITS
 
 CODES = ("missing-tensor", "unexpected-tensor", "shape-mismatch", "dtype-mismatch", "quantization-mismatch",
          "duplicate-tensor", "missing-shard", "index-mismatch", "truncated-file", "bad-header", "path-escape",

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workbench.checkpoint import names as N
-from workbench.checkpoint.arch import FAMILIES, Arch, ConfigError, build_arch, family_of, text_config
+from workbench.checkpoint.arch import Arch, ConfigError, build_arch, family_of, text_config
 from workbench.checkpoint.quant import QuantConfig, QuantSpec, infer
 from workbench.checkpoint.sfile import SafetensorsFile
 

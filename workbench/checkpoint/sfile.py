@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import mmap
 import os
 import struct
 from dataclasses import dataclass, field
@@ -195,7 +194,7 @@ class SafetensorsFile:
         return f
 
     # --------------------------------------------------------------- data access
-    def read_numpy(self, name: str, mm: mmap.mmap | None = None) -> np.ndarray:
+    def read_numpy(self, name: str) -> np.ndarray:
         """The tensor's raw elements as a numpy array (BF16 as uint16 bits), copied."""
         t = self.tensors[name]
         if name in self.truncated:
