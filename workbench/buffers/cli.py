@@ -49,10 +49,30 @@ def run(args) -> int:
         else:
             counts = ", ".join(f"{n} {k}" for k, n in summarize(hazards).items())
             print(f"{head}: {len(hazards)} hazard{'s' if len(hazards) != 1 else ''} ({counts})")
-            for h in hazards[: max(args.max, 0)]:
+            groups = _group(hazards)
+            for first, rest in groups[: max(args.max, 0)]:
+                h = first
                 rng = f" {h.buffer}[{h.range[0]}:{h.range[1]}]" if h.range is not None else ""
                 oth = f" (with event {h.other})" if h.other is not None else ""
                 print(f"  event {h.event} {h.kind}{rng}{oth}\n    {h.message}")
-            if len(hazards) > args.max:
-                print(f"  ... {len(hazards) - args.max} more (--max N, or --json for all)")
+                if rest:
+                    print(f"    ... and {len(rest)} more {h.kind} with event {h.other} in a row "
+                          f"(events {rest[0].event}..{rest[-1].event})")
+            if len(groups) > args.max:
+                print(f"  ... {len(groups) - args.max} more (--max N, or --json for all)")
     return 1 if hazards else 0
+
+
+def _group(hazards):
+    """Runs of hazards of one kind caused by one earlier event (every dispatch encoded into
+    a committed command buffer, say) print as their first one plus a count."""
+    groups: list[tuple] = []
+    for h in hazards:
+        if groups and h.other is not None:
+            first, rest = groups[-1]
+            if first.kind == h.kind and first.other == h.other and first.buffer == h.buffer \
+                    and first.kind in ("cb-reuse", "use-after-free"):
+                rest.append(h)
+                continue
+        groups.append((h, []))
+    return groups
