@@ -409,3 +409,16 @@ def test_command_line_subprocess(tmp_path):
     r = subprocess.run([sys.executable, "-m", "workbench.cli", "hazards", str(good), "--json"], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and json.loads(r.stdout)["hazards"] == []
+
+
+def test_cli_groups_runs_from_one_commit(tmp_path, capsys):
+    ev = [disp("a", [acc("in", 0, 8)], [acc("a", 0, 8)], cb=0), {"type": "commit", "cb": 0}]
+    ev += [disp(f"late{i}", [acc("in", 0, 8)], [acc("b", 0, 8)], cb=0) for i in range(5)]
+    p = tmp_path / "s.json"
+    p.write_text(json.dumps(sched(ev)))
+    assert cli_main(["hazards", str(p)]) == 1
+    out = capsys.readouterr().out
+    assert "5 hazards (5 cb-reuse)" in out and "event 2 cb-reuse (with event 1)" in out
+    assert "... and 4 more cb-reuse with event 1 in a row (events 3..6)" in out
+    assert cli_main(["hazards", str(p), "--json"]) == 1
+    assert [h["event"] for h in json.loads(capsys.readouterr().out)["hazards"]] == [2, 3, 4, 5, 6]
