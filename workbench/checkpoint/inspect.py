@@ -264,7 +264,7 @@ def _check_arch(cx: _Ctx, report: Report):
     report.quantization = q
     # MoE summary
     if a.moe:
-        lays = sorted({N.layer_of(n) for n in present if ".experts." in n})
+        lays = sorted({N.layer_of(n) for n in present if ".experts." in n} - {None})
         hf = any(ti.source_name.endswith(".gate_up_proj") for n, ti in present.items() if ".experts." in n)
         eq = ck.quant_of("layers.0.experts.switch_glu.gate_proj") if lays else None
         report.moe = dict(a.moe, layout="fused gate_up_proj (Hugging Face)" if hf else "switch_glu (MLX)",
@@ -378,6 +378,8 @@ def _scan_values(cx: _Ctx, report: Report, progress, chunk_bytes):
             if spec is None:
                 continue
             bi = ck._canon.get(mod + ".biases") if spec.mode == "affine" else None
+            if spec.mode == "affine" and (bi is None or sc.dtype not in _FLOATS or bi.dtype not in _FLOATS):
+                continue  # cannot be dequantized as stored (reported by the checks): raw values scanned
             if sc.source_name in ck.sfiles[sc.file].truncated or (bi and bi.source_name in ck.sfiles[bi.file].truncated):
                 continue
             if (ti.shape[-1] * 32) % spec.bits or tuple(sc.shape[:-1]) != tuple(ti.shape[:-1]):
@@ -407,9 +409,14 @@ def _scan_values(cx: _Ctx, report: Report, progress, chunk_bytes):
     pool = cf.ThreadPoolExecutor(workers)
     pending = collections.deque()
 
+    failed = {}
+
     def drain(fut):
         key, part, nb = fut.result()
-        stats[key].merge(part)
+        if isinstance(part, Exception):
+            failed.setdefault(key, part)
+        else:
+            stats[key].merge(part)
         if bar is not None:
             bar.update(nb)
 
@@ -442,7 +449,7 @@ def _scan_values(cx: _Ctx, report: Report, progress, chunk_bytes):
                     task = (key, b, t.dtype, (t.shape[-1], spec, sc, bi, row, rows))
                 else:
                     task = (key, b, scale_fmt.get(key, t.dtype), None)
-                pending.append(pool.submit(_chunk_stats, ck, task))
+                pending.append(pool.submit(_chunk_stats_safe, ck, task))
                 while len(pending) > 2 * workers:
                     drain(pending.popleft())
         while pending:
@@ -455,6 +462,10 @@ def _scan_values(cx: _Ctx, report: Report, progress, chunk_bytes):
         pool.shutdown(wait=True)
         if bar is not None:
             bar.close()
+    for name, e in failed.items():
+        stats.pop(name, None)
+        ti = ck.tensors[name]
+        report.notes.append(f"values of {name} ({ti.file}, byte {ti.offset}) could not be computed: {e}")
     for name, s in stats.items():
         ti = ck.tensors[name]
         d = s.to_dict()
@@ -468,6 +479,13 @@ def _scan_values(cx: _Ctx, report: Report, progress, chunk_bytes):
 
 _TLS = threading.local()
 _SUB = 1 << 17  # elements per statistics pass (256 KB of BF16): stays in the L2 cache
+
+
+def _chunk_stats_safe(ck, task):
+    try:
+        return _chunk_stats(ck, task)
+    except (ValueError, RuntimeError, OSError, TypeError) as e:  # e.g. scales that MLX refuses
+        return task[0], e, len(task[1])
 
 
 def _chunk_stats(ck, task):
