@@ -3,11 +3,11 @@
     python benchmarks/bench_diff.py [--tokens 128] [--reps 3]
 
 Builds a ~45M-parameter Gemma-4-shaped checkpoint with the zoo (8 layers, d=512), then
-times (median of reps): the uncaptured forward; ``workbench.diff.dump`` of every op to a
-float32 safetensors file; ``workbench.diff.compare`` of that dump (read back from disk as
-an engine dump, one op perturbed) against a fresh reference run; and the same compare
-with a bfloat16 noise floor (a second reference run).  Prints each as a ratio to the
-forward and the dump size.
+times (median of interleaved reps): the uncaptured forward; ``workbench dump`` of every
+op to a float32 safetensors file (streamed); ``workbench.diff.compare`` of that dump (read
+back from disk as an engine dump, one op perturbed) against a fresh reference run, without
+and with local errors; and compare with a bfloat16 noise floor (a second reference run).
+Prints each as a ratio to the forward and the dump size.
 """
 from __future__ import annotations
 
@@ -33,16 +33,6 @@ SHAPE = dict(hidden_size=512, num_hidden_layers=8, intermediate_size=2048, num_a
              layer_types=["sliding_attention"] * 3 + ["full_attention"] + ["sliding_attention"] * 3 + ["full_attention"])
 
 
-def timed(f, reps):
-    f()  # warm up
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        out = f()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts), out
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=128)
@@ -55,22 +45,39 @@ def main(argv=None) -> int:
         ctx = model.context()
         feeds = model.feeds(mx.array([ids], mx.int32))
 
-        t_fwd, _ = timed(lambda: mx.eval(execute(model.program, ctx, feeds)["logits"]), a.reps)
         out = Path(d) / "ref.safetensors"
-        t_dump, ref = timed(lambda: dump(model, out=out, ids=ids), a.reps)
+        ref = dump(model, out=out, ids=ids)
         eng, _ = read_dump(out)
         target = "layers.4.mlp.down_proj"
         eng[target] = eng[target] * np.float32(1.2)
-        t_cmp, rep = timed(lambda: compare(model, eng, ids=ids), a.reps)
-        t_noise, rep2 = timed(lambda: compare(model, eng, ids=ids, noise_floor="bfloat16"), a.reps)
+        jobs = {
+            "forward": lambda: mx.eval(execute(model.program, ctx, feeds)["logits"]),
+            "dump": lambda: dump(model, out=out, ids=ids, keep_values=False),
+            "compare": lambda: compare(model, eng, ids=ids),
+            "compare_nolocal": lambda: compare(model, eng, ids=ids, local=False),
+            "noise": lambda: compare(model, eng, ids=ids, noise_floor="bfloat16"),
+        }
+        times = {k: [] for k in jobs}
+        results = {}
+        for f in jobs.values():  # warm up
+            f()
+        for _ in range(a.reps):  # interleaved rounds: a shared machine's load hits every job alike
+            for k, f in jobs.items():
+                t0 = time.perf_counter()
+                results[k] = f()
+                times[k].append(time.perf_counter() - t0)
+        t = {k: statistics.median(v) for k, v in times.items()}
+        t_fwd, t_dump, t_cmp, t_nl, t_noise = t["forward"], t["dump"], t["compare"], t["compare_nolocal"], t["noise"]
+        rep, rep2 = results["compare"], results["noise"]
         size = out.stat().st_size
     assert rep.first_divergence.op == target
     print(f"gemma4_text {len(model.program)} ops, {a.tokens} tokens, float32, device {mx.default_device()}")
     print(f"  forward (uncaptured)        {t_fwd * 1e3:8.1f} ms")
-    print(f"  dump every op               {t_dump * 1e3:8.1f} ms   {t_dump / t_fwd:5.1f}x forward   "
+    print(f"  dump every op (streamed)    {t_dump * 1e3:8.1f} ms   {t_dump / t_fwd:5.1f}x forward   "
           f"({len(ref.values)} ops, {size / 1e6:.1f} MB)")
-    print(f"  compare (run + metrics)     {t_cmp * 1e3:8.1f} ms   {t_cmp / t_fwd:5.1f}x forward   "
+    print(f"  compare, no local errors    {t_nl * 1e3:8.1f} ms   {t_nl / t_fwd:5.1f}x forward   "
           f"({rep.compared} ops compared)")
+    print(f"  compare with local errors   {t_cmp * 1e3:8.1f} ms   {t_cmp / t_fwd:5.1f}x forward")
     fd2 = rep2.first_divergence
     print(f"  compare with noise floor    {t_noise * 1e3:8.1f} ms   {t_noise / t_fwd:5.1f}x forward   "
           f"(first divergence: {fd2.op if fd2 else None}; bf16 noise nmse at {target}: "

@@ -242,6 +242,34 @@ def local_errors(report: DiffReport, model: Any, aligned: Mapping[str, np.ndarra
     feeds = model.feeds(mx.array([list(ids)], dtype=mx.int32))
     tol = report.tolerance
     n = 0
+    pending: list = []
+    pending_bytes = 0
+
+    def flush():
+        nonlocal n, pending, pending_bytes
+        if not pending:
+            return
+        try:
+            mx.eval([out for _, _, out in pending])
+        except (ValueError, RuntimeError):
+            pass  # evaluated one by one below, where the failing op is named
+        for od, op, out in pending:
+            try:
+                ours = to_numpy(out)
+            except (ValueError, TypeError, IndexError, RuntimeError) as e:
+                od.reasons.append(f"local error not computed: {e}")
+                continue
+            theirs = aligned[od.op]
+            if ours.shape != theirs.shape:
+                continue
+            if op.kind == "topk":  # a set of indices: compare it as a set
+                ours, theirs = np.sort(ours, axis=-1), np.sort(theirs, axis=-1)
+            m = error_metrics(ours, theirs, mask_below=tol.mask_below)
+            od.local_cosine, od.local_nmse, od.local_max_abs = m["cosine"], m["nmse"], m["max_abs"]
+            od.local_diverged = local_diverged(m, tol)
+            n += 1
+        pending, pending_bytes = [], 0
+
     for od in report.ops:
         if not od.compared or od.op not in aligned:
             continue
@@ -258,19 +286,15 @@ def local_errors(report: DiffReport, model: Any, aligned: Mapping[str, np.ndarra
                 break
         else:
             try:
-                ours = to_numpy(op.fn(ctx, *args))
+                out = op.fn(ctx, *args)  # lazy: evaluated in batches
             except (ValueError, TypeError, IndexError, RuntimeError) as e:  # cannot run on these inputs
                 od.reasons.append(f"local error not computed: {e}")
                 continue
-            if ours.shape != aligned[od.op].shape:
-                continue
-            theirs = aligned[od.op]
-            if op.kind == "topk":  # a set of indices: compare it as a set
-                ours, theirs = np.sort(ours, axis=-1), np.sort(theirs, axis=-1)
-            m = error_metrics(ours, theirs, mask_below=tol.mask_below)
-            od.local_cosine, od.local_nmse, od.local_max_abs = m["cosine"], m["nmse"], m["max_abs"]
-            od.local_diverged = local_diverged(m, tol)
-            n += 1
+            pending.append((od, op, out))
+            pending_bytes += aligned[od.op].nbytes
+            if pending_bytes > 256 * 2**20:
+                flush()
+    flush()
     return n
 
 
