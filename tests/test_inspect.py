@@ -390,3 +390,18 @@ def test_unknown_family_still_checks_layer_consistency(tmp_path):
     assert ("bad-config", "warning") in codes
     (m,) = [x for x in r.problems if x.code == "missing-tensor"]
     assert m.tensor == "model.layers.1.self_attn.q_proj.weight" and "2 of the 3 layers" in m.message
+
+
+def test_values_with_affine_biases_missing(tmp_path):
+    p = zoo.build("qwen3", tmp_path / "ck", quant="affine4")
+    f = p / "model.safetensors"
+    raw = f.read_bytes()
+    old = b'"model.layers.0.mlp.up_proj.biases"'
+    assert raw.count(old) == 1
+    f.write_bytes(raw.replace(old, b'"model.layers.0.mlp.up_proj.biasez"'))  # same length: header stays sound
+    r = workbench.inspect(p, values=True, progress=False)
+    codes = {(x.code, x.tensor) for x in r.problems}
+    assert ("quantization-mismatch", "model.layers.0.mlp.up_proj.weight") in codes
+    assert ("unexpected-tensor", "model.layers.0.mlp.up_proj.biasez") in codes
+    t = {x["name"]: x for x in r.tensors}["model.layers.0.mlp.up_proj.weight"]
+    assert t["stats"] is not None and "dequantized" not in t  # raw packed words scanned instead
