@@ -268,7 +268,7 @@ def test_unusable_dumps_are_named(tmp_path):
         read_dump(bad)
     header = json.dumps({"x": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
     bad.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 8)
-    with pytest.raises(DumpError, match=r"'x'.*runs past the end"):
+    with pytest.raises(DumpError, match=r"cut off, first 'x' at byte \d+"):
         read_dump(bad)
     np.savez(tmp_path / "obj.npz", x=np.array([{"a": 1}], dtype=object))
     with pytest.raises(DumpError, match="pickle"):

@@ -63,52 +63,34 @@ def _to_f32(arr: np.ndarray, where: str) -> np.ndarray:
 
 
 def read_safetensors(path: str | os.PathLike, names: Iterable[str] | None = None) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """Read a safetensors file (only ``names`` if given) -> (float32 arrays, metadata)."""
+    """Read a safetensors file (only ``names`` if given) -> (float32 arrays, metadata).
+
+    Parsing is the checkpoint reader's defensive one (:class:`SafetensorsFile`: header cap,
+    offsets against dtype x shape, neighbours and file size); its first error is raised.
+    """
+    from workbench.checkpoint.sfile import SafetensorsFile
+
     path = Path(path)
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise DumpError(f"{path}: {size} bytes, too short for a safetensors header (needs 8 bytes of length)")
-        (n,) = struct.unpack("<Q", head)
-        if n > size - 8:
-            raise DumpError(f"{path}: header length {n} at byte 0 runs past the end of the file ({size} bytes)")
+    sf = SafetensorsFile.parse(str(path))
+    errors = [p for p in sf.problems if p.get("severity") == "error"]
+    if errors:
+        more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
+        raise DumpError(f"{path.parent / errors[0]['message']}{more}")
+    wanted = list(sf.tensors) if names is None else list(names)
+    out: dict[str, np.ndarray] = {}
+    for name in wanted:
+        t = sf.tensors.get(name)
+        if t is None:
+            raise DumpError(f"{path}: no tensor named {name!r}")
+        if t.dtype not in _ST_DTYPES:
+            raise DumpError(f"{path}: tensor {name!r} at byte {sf.abs_offset(t)}: dtype {t.dtype} is not supported "
+                            f"for activations (one of {', '.join(_ST_DTYPES)})")
         try:
-            header = json.loads(f.read(n))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise DumpError(f"{path}: the JSON header (bytes 8..{8 + n}) does not parse: {e}") from None
-        if not isinstance(header, dict):
-            raise DumpError(f"{path}: the JSON header (bytes 8..{8 + n}) is not an object")
-        meta = header.pop("__metadata__", None) or {}
-        if not isinstance(meta, dict):
-            raise DumpError(f"{path}: __metadata__ is not an object")
-        wanted = None if names is None else set(names)
-        out: dict[str, np.ndarray] = {}
-        base = 8 + n
-        for name, info in header.items():
-            if wanted is not None and name not in wanted:
-                continue
-            try:
-                dt, shape, (lo, hi) = info["dtype"], [int(s) for s in info["shape"]], info["data_offsets"]
-            except (KeyError, TypeError, ValueError):
-                raise DumpError(f"{path}: tensor {name!r}: header entry {info!r} lacks dtype/shape/data_offsets") from None
-            if dt not in _ST_DTYPES:
-                raise DumpError(f"{path}: tensor {name!r}: dtype {dt!r} is not supported (one of {', '.join(_ST_DTYPES)})")
-            npdt = _ST_DTYPES[dt]
-            count = int(np.prod(shape, dtype=np.int64))
-            if hi - lo != count * npdt.itemsize or lo < 0:
-                raise DumpError(f"{path}: tensor {name!r}: data_offsets [{lo}, {hi}] hold {hi - lo} bytes, "
-                                f"but {dt}{shape} needs {count * npdt.itemsize}")
-            if base + hi > size:
-                raise DumpError(f"{path}: tensor {name!r}: data at bytes {base + lo}..{base + hi} runs past the end "
-                                f"of the file ({size} bytes)")
-            f.seek(base + lo)
-            raw = np.frombuffer(f.read(hi - lo), dtype=npdt).reshape(shape)
-            out[name] = bf16_to_f32(raw) if dt == "BF16" else np.asarray(raw, dtype=np.float32)
-        if wanted is not None:
-            missing = wanted - set(out)
-            if missing:
-                raise DumpError(f"{path}: no tensor named {sorted(missing)[0]!r}")
+            raw = sf.read_numpy(name)
+        except (ValueError, OSError) as e:
+            raise DumpError(f"{path}: {e}") from None
+        out[name] = bf16_to_f32(raw) if t.dtype == "BF16" else np.asarray(raw, dtype=np.float32)
+    meta = sf.metadata or {}
     return out, {str(k): str(v) for k, v in meta.items()}
 
 
