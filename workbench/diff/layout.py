@@ -15,8 +15,8 @@ engine tensor to our shape using, in this order of preference:
 "Split or merge" means every group of adjacent dimensions whose sizes multiply to the
 same number on both sides is a single dimension on at least one side; arbitrary
 reshapes of the same element count are never used.  When two different arrangements
-fit at the cheapest level that fits at all (say ``[T, T]`` needing a transpose), the
-layout is ambiguous and the op is reported as such rather than guessed.  When sizes
+fit equally well (``[2, 3, 3]`` to ``[3, 6]``: swap the first two axes, or move the last
+one forward), the layout is ambiguous and the op is reported as such rather than guessed.  When sizes
 coincide (``T == H``) the cheaper arrangement wins; the applied steps are reported with
 every op so a surprising choice is visible.
 """

@@ -10,7 +10,7 @@ import math
 from typing import Any, Sequence
 
 import numpy as np
-from matplotlib.colors import LogNorm, TwoSlopeNorm
+from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
 
 from workbench.plots.analysis import LogitLens, ResidualNorms, _np, residual_norms
