@@ -186,11 +186,19 @@ def test_npy_directory_and_safetensors_engine(ckpt, reference, tmp_path, capsys)
     (["dump", "{ck}", "--ids", "1,2", "--out", "{tmp}/x.safetensors", "--ops", "nothing.*"], "no op matches"),
     (["dump", "{ck}", "--ids", "1,a", "--out", "{tmp}/x.safetensors"], "comma-separated integers"),
     (["dump", "{ck}", "--ids", "1,2", "--out", "{ck}/model.safetensors"], "not overwriting"),
+    (["dump", "{tmp}/broken", "--ids", "1,2", "--out", "{tmp}/x.safetensors"], "missing tensor"),
+    (["diff", "{tmp}/badtype", "{tmp}/names.npz", "--ids", "1,2"], "unsupported model_type"),
 ])
 def test_unusable_input_exits_2_with_one_line(ckpt, tmp_path, capsys, args, msg):
     (tmp_path / "garbage.safetensors").write_bytes(b"\xff" * 64)
     np.savez(tmp_path / "names.npz", **{"tensor.nobody.knows": np.zeros(3, np.float32)})
     (tmp_path / "bad_rules.json").write_text('[["(unclosed", "x"]]')
+    if "broken" in " ".join(args):
+        zoo.build("llama", tmp_path / "broken", broken="missing-tensor")
+    if "badtype" in " ".join(args):
+        (tmp_path / "badtype").mkdir()
+        (tmp_path / "badtype" / "config.json").write_text('{"model_type": "foo", "num_hidden_layers": 2}')
+        (tmp_path / "badtype" / "model.safetensors").write_bytes((ckpt / "model.safetensors").read_bytes())
     argv = [a.format(ck=ckpt, tmp=tmp_path) for a in args]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()

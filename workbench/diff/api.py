@@ -75,8 +75,15 @@ def is_reference_dump(path: str | os.PathLike) -> bool:
 def _load_model(model: Any, dtype: str | None):
     if isinstance(model, (str, os.PathLike)):
         import workbench
+        from workbench.checkpoint import CheckpointError
 
-        return workbench.load(model, dtype=dtype)
+        if not os.path.exists(model):
+            raise DiffError(f"{model}: no such file or directory")
+        try:
+            return workbench.load(model, dtype=dtype)
+        except (CheckpointError, ValueError, KeyError, OSError) as e:
+            msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+            raise DiffError(msg if str(model) in msg else f"{model}: {msg}") from None
     if not hasattr(model, "program"):
         raise TypeError(f"expected a checkpoint path or a loaded model, not {type(model).__name__}")
     return model

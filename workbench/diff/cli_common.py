@@ -61,3 +61,5 @@ def usage_errors():
         raise UsageError(str(e)) from None
     except _load_errors() as e:
         raise UsageError(str(e)) from None
+    except ValueError as e:  # anything else the input made impossible: one line, no traceback
+        raise UsageError(str(e)) from None
