@@ -97,6 +97,10 @@ class _Ctx:
     def add(self, code, severity, message, tensor=None, file=None, layer=None, suggestion=None):
         if layer is None and tensor:
             layer = N.layer_of(tensor)
+        ti = self.ck.tensors.get(tensor) if tensor else None
+        if ti is not None and "byte" not in message:  # where it lies: file and byte offset
+            message += f" [{ti.file}, byte {ti.offset}]"
+            file = file or ti.file
         self.problems.append(Problem(code, severity, message, tensor, file, layer, suggestion))
 
 

@@ -221,7 +221,7 @@ class Checkpoint:
         for n, fs in self.where.items():
             if len(fs) > 1:
                 self.problems.append(Problem("duplicate-tensor", "error",
-                                             f"tensor {n!r} is stored in {len(fs)} files: {', '.join(fs)}",
+                                             f"tensor {n!r} is stored in {len(fs)} files: {self._at(n, fs)}",
                                              tensor=n, file=fs[1], layer=N.layer_of(n)))
         self.components: dict[str, int] = {}
         self._canon: dict[str, TensorInfo] = {}
@@ -268,15 +268,24 @@ class Checkpoint:
                 continue
             if name not in sf.tensors:
                 held = self.where.get(name)
-                where = f"it is in {', '.join(held)}" if held else "no shard holds it"
+                where = f"it is in {self._at(name, held)}" if held else "no shard holds it"
                 self.problems.append(Problem("index-mismatch", "error",
                                              f"{INDEX_NAME} maps {name!r} to {f}, but {f}'s header has no such "
                                              f"tensor ({where})", tensor=name, file=f, layer=N.layer_of(name)))
         for name, fs in self.where.items():
             if name not in wm and not any(name in v for v in self.index["escaped"].values()):
                 self.problems.append(Problem("index-mismatch", "error",
-                                             f"{fs[0]} holds {name!r}, which {INDEX_NAME} does not list",
+                                             f"{fs[0]} holds {name!r} (byte {self.tensors[name].offset}), "
+                                             f"which {INDEX_NAME} does not list",
                                              tensor=name, file=fs[0], layer=N.layer_of(name)))
+
+    def _at(self, name, files) -> str:
+        """'a.safetensors (byte 123), b.safetensors (byte 456)'"""
+        out = []
+        for f in files:
+            t = self.sfiles[f].tensors.get(name)
+            out.append(f"{f} (byte {self.sfiles[f].abs_offset(t)})" if t is not None else f)
+        return ", ".join(out)
 
     # ------------------------------------------------------------- properties
     @property
