@@ -308,3 +308,11 @@ def test_mask_fill_is_left_out():
     assert m["masked"] == 2 and m["nmse"] == 0 and m["nonfinite_new"] == 0
     m = error_metrics(r, e, mask_below=None)
     assert m["masked"] == 0 and m["nonfinite_new"] == 1
+
+
+def test_bfloat16_npy_as_two_byte_void(tmp_path):
+    vals = np.array([1.0, -2.5, 3.140625, 0.0], np.float32)
+    bits = (vals.view(np.uint32) >> 16).astype(np.uint16)
+    np.save(tmp_path / "x.npy", bits.view("V2"))  # what ml_dtypes' bfloat16 (or an engine writing '<V2') gives
+    got, _ = read_dump(tmp_path)
+    assert np.array_equal(got["x"], vals)
