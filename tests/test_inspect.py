@@ -405,3 +405,34 @@ def test_values_with_affine_biases_missing(tmp_path):
     assert ("unexpected-tensor", "model.layers.0.mlp.up_proj.biasez") in codes
     t = {x["name"]: x for x in r.tensors}["model.layers.0.mlp.up_proj.weight"]
     assert t["stats"] is not None and "dequantized" not in t  # raw packed words scanned instead
+
+
+def test_progress_bar_on_a_terminal_only(tmp_path):
+    import pty
+
+    p = zoo.build("llama", tmp_path / "ck")
+    cmd = [sys.executable, "-m", "workbench.cli", "inspect", str(p), "--values"]
+    import fcntl
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a real terminal's size
+    try:
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=slave, timeout=120)
+        os.close(slave)
+        err = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            err += chunk
+    finally:
+        os.close(master)
+    assert r.returncode == 0
+    assert b"values" in err and b"%" in err  # tqdm drew a bar on the terminal
+    r = subprocess.run(cmd, capture_output=True, timeout=120)  # not a terminal: no bar
+    assert r.returncode == 0 and b"%" not in r.stderr
