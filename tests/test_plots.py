@@ -53,6 +53,8 @@ def test_error_curve(model, ref, tmp_path):
     _png(fig, tmp_path, "err")
     clean = error_curve(compare(ref, ref.values))
     assert "no divergence" in clean.axes[0].get_title()
+    ticks = [l for l in clean.axes[0].get_lines() if l.get_label() == "exact (error 0)"][0]
+    assert len(ticks.get_xdata()) == len(ref.values)  # every op exact: each gets a tick, no curve
 
 
 def test_activation_heatmap(model, ref, tmp_path):

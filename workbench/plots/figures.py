@@ -35,8 +35,8 @@ def error_curve(report: Any, metrics: Sequence[str] | None = None, title: str | 
 
     ``report``: a :class:`workbench.diff.DiffReport`.  ``metrics``: any of ``nmse``,
     ``1-cosine``, ``max_abs``, ``max_rel``, ``local-nmse`` (default: nmse, 1-cosine, and
-    local-nmse when the report has local errors).  Exact matches (error 0) sit on the
-    floor line; ops whose shapes could not be reconciled are marked with an ``x`` at the
+    local-nmse when the report has local errors).  Exact matches (error 0, or below 1e-12)
+    leave a gap in their curve and get a tick at the bottom; ops whose shapes could not be reconciled are marked with an ``x`` at the
     top; the first local divergence (the op wrong on the engine's own inputs) with a
     triangle.
     """
@@ -59,23 +59,28 @@ def error_curve(report: Any, metrics: Sequence[str] | None = None, title: str | 
 
     xs = np.array([o.index for o in ops])
     top = floor
+    exact: set[int] = set()
+    pos: list[float] = []
     for m in metrics:
         ys = np.array([np.nan if val(o, m) is None else val(o, m) for o in ops], dtype=float)
         ys = np.where(np.isinf(ys), np.nan, ys)
         if np.any(np.isfinite(ys)):
             top = max(top, float(np.nanmax(ys)))
-        if m == "local-nmse":  # points only; exact (0) local errors are left out
-            ys = np.where(ys > 0, ys, np.nan)
+        zero = np.isfinite(ys) & (ys < floor)  # exact (or below any meaningful precision)
+        if m != "local-nmse":
+            exact.update(int(x) for x in xs[zero])
+        ys = np.where(zero, np.nan, ys)  # a gap in the curve, marked at the bottom instead
+        pos += [float(v) for v in ys[np.isfinite(ys)]]
         style = dict(ls="none", ms=5, marker=".") if m == "local-nmse" else dict(ls="-", lw=1, ms=4, marker=".")
         label = "local nmse (our op on the engine's inputs)" if m == "local-nmse" else m
-        ax.plot(xs, np.maximum(ys, floor), color=colors.get(m), label=label, **style)
+        ax.plot(xs, ys, color=colors.get(m), label=label, **style)
     ax.set_yscale("log")
     ymax = max(top * 20, 1.0)
-    pos = [v for o in ops for m in metrics if (v := val(o, m)) is not None and v > 0 and math.isfinite(v)]
-    low = max(min(pos) / 10, floor / 3) if pos else floor / 3
-    if any(val(o, m) == 0 for o in ops for m in metrics if m != "local-nmse"):
-        low = min(low, floor / 3)
+    low = min(pos) / 10 if pos else 1e-9
     ax.set_ylim(low, ymax)
+    if exact:
+        ex = sorted(exact)
+        ax.plot(ex, [low * 1.6] * len(ex), "|", color="0.45", ms=8, label="exact (error 0)")
     calibrated = getattr(report, "noise_dtype", None)
     for m, attr, conv in (("nmse", "limit_nmse", lambda v: v), ("1-cosine", "limit_cosine", lambda v: 1 - v)):
         if m not in metrics:
@@ -114,19 +119,21 @@ def error_curve(report: Any, metrics: Sequence[str] | None = None, title: str | 
         sec.set_xlabel("layer")
     fd = report.first_divergence
     if fd is not None:
-        y = val(fd, metrics[0]) if fd.status == "diverged" else None
-        y = ymax / 2 if y is None or y <= 0 else y
+        y = max((v for m in metrics if m != "local-nmse" and (v := val(fd, m)) is not None), default=None) \
+            if fd.status == "diverged" else None
+        y = ymax / 2 if y is None or y <= low else y
         ax.axvline(fd.index, color="red", lw=1.2, alpha=0.6)
-        ax.plot([fd.index], [max(y, floor)], "o", ms=10, mfc="none", mec="red", mew=2,
+        ax.plot([fd.index], [y], "o", ms=10, mfc="none", mec="red", mew=2,
                 label=f"first divergence: {fd.op}")
-        ax.annotate(fd.op, (fd.index, max(y, floor)), xytext=(8, 8), textcoords="offset points",
+        ax.annotate(fd.op, (fd.index, y), xytext=(8, 8), textcoords="offset points",
                     color="red", fontsize=8)
     fl = getattr(report, "first_local_divergence", None)
     if fl is not None and fl.local_nmse is not None:
-        ax.plot([fl.index], [max(fl.local_nmse, floor)], "v", ms=11, color="darkred", mec="white",
+        yl = fl.local_nmse if fl.local_nmse > low else low * 3
+        ax.plot([fl.index], [yl], "v", ms=11, color="darkred", mec="white",
                 label=f"first local divergence: {fl.op}")
         if fd is None or fl.op != fd.op:
-            ax.annotate(fl.op, (fl.index, max(fl.local_nmse, floor)), xytext=(8, -14), textcoords="offset points",
+            ax.annotate(fl.op, (fl.index, yl), xytext=(8, -14), textcoords="offset points",
                         color="darkred", fontsize=8)
     ax.set_xlim(-1, max(len(order), 1))
     ax.set_xlabel(f"op index in execution order ({len(order)} ops, {report.compared} compared)")
