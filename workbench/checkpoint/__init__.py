@@ -4,15 +4,14 @@ quantization and inspection.
     from workbench.checkpoint import open_checkpoint, CheckpointError
     ck = open_checkpoint(path)
     ck.lm_names(); ck.info(name); ck.load(name); ck.quant_of("layers.3.self_attn.q_proj")
+
+    import workbench
+    report = workbench.inspect(path, values=False)   # see workbench.checkpoint.inspect
 """
 from workbench.checkpoint.quant import QuantSpec
 from workbench.checkpoint.reader import Checkpoint, CheckpointError, Problem, TensorInfo, open_checkpoint
 
-__all__ = ["open_checkpoint", "Checkpoint", "CheckpointError", "TensorInfo", "QuantSpec", "Problem", "inspect"]
+__all__ = ["open_checkpoint", "Checkpoint", "CheckpointError", "TensorInfo", "QuantSpec", "Problem"]
 
-
-def inspect(path, values: bool = False, **kw):
-    """Inspect a checkpoint: returns a Report (``.ok``, ``.problems``, ``.to_dict()``)."""
-    from workbench.checkpoint.inspect import inspect as _inspect
-
-    return _inspect(path, values=values, **kw)
+# The inspector is the submodule ``workbench.checkpoint.inspect`` (``inspect()``, ``Report``,
+# ``diff()``); ``workbench.inspect(path, values=False)`` is its entry point.
