@@ -1,4 +1,4 @@
-"""Checkpoint reading (header-only, lazy mmap), name layouts, architecture knowledge,
+"""Checkpoint reading (header-only, lazy tensor access), name layouts, architecture knowledge,
 quantization and inspection.
 
     from workbench.checkpoint import open_checkpoint, CheckpointError
