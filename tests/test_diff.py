@@ -317,3 +317,28 @@ def test_streamed_dump_equals_in_memory_dump(ckpt, reference, tmp_path):
         np.testing.assert_array_equal(streamed[k], mem[k])
     assert {k: v for k, v in smeta.items() if k != "workbench.model"} == \
         {k: v for k, v in mmeta.items() if k != "workbench.model"}
+
+
+@pytest.mark.parametrize("bug, op, pattern", [
+    ("rope", "layers.0.self_attn.q_rope", "grows with the position"),
+    ("window", "layers.1.self_attn.softmax", "starts at position 4"),
+    ("first", "layers.0.mlp.down_proj", "position 0 alone"),
+])
+def test_error_by_token_position(tmp_path, bug, op, pattern):
+    """The first divergence's error per position tells a RoPE bug from a window/mask bug from a BOS bug."""
+    import mlx.core as mx
+    from workbench.trace.interventions import patch
+    model = workbench.load(zoo.build("llama", tmp_path / "ll", dtype="float32"))
+    pos = lambda v, axis: mx.arange(v.shape[axis])
+    fns = {"rope": lambda v, o: v * (1 + 0.05 * pos(v, 2)[None, None, :, None]),          # off by more each position
+           "window": lambda v, o: mx.where((pos(v, 2) >= 4)[None, None, :, None], v * 0.5, v),  # wrong from position 4
+           "first": lambda v, o: mx.where((pos(v, 1) == 0)[None, :, None], v * 3, v)}          # only the first token
+    tr = workbench.trace(model, IDS, capture="full", interventions=[patch(op, fns[bug])])
+    tr.run()
+    eng = {n: np.array(tr.value(n).astype(mx.float32)) for n in model.program.names}
+    r = compare(model, eng, ids=IDS)
+    d = r.first_divergence_dict()
+    assert d["op"] == op and pattern in d["positions"]["pattern"] and len(d["positions"]["error"]) == len(IDS)
+    assert pattern in r.summary()
+    clean = compare(model, dump(model, ids=IDS).values, ids=IDS)
+    assert all(max(o.position_error) == 0 for o in clean.ops if o.position_error is not None)

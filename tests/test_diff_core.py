@@ -316,3 +316,18 @@ def test_bfloat16_npy_as_two_byte_void(tmp_path):
     np.save(tmp_path / "x.npy", bits.view("V2"))  # what ml_dtypes' bfloat16 (or an engine writing '<V2') gives
     got, _ = read_dump(tmp_path)
     assert np.array_equal(got["x"], vals)
+
+
+def test_position_patterns():
+    from workbench.diff.metrics import position_pattern, position_profile, token_axis
+    assert "grows" in position_pattern(np.linspace(0, 1, 16) ** 2)
+    assert "starts at position 5" in position_pattern(np.r_[np.zeros(5), np.ones(11) + 0.1 * rng.random(11)])
+    assert "position 3 alone" in position_pattern(np.r_[np.zeros(3), 1.0, np.zeros(12)])
+    assert position_pattern(1 + 0.1 * rng.random(16)) is None  # error everywhere alike: no shape to name
+    assert position_pattern(np.zeros(16)) is None
+    assert token_axis((1, 7, 64), 7) == 1 and token_axis((1, 4, 7, 7), 7) == 2 and token_axis((7, 64), 7) == 0
+    r = rng.normal(size=(1, 3, 7, 4)).astype(np.float32)
+    e = r.copy()
+    e[0, :, 5] += 1.0
+    prof = position_profile(r, e, 7)
+    assert np.argmax(prof) == 5 and np.count_nonzero(prof) == 1

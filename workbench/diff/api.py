@@ -355,7 +355,7 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
             topk = topk_dependents(_load_model(model.model, None).program)
         report = compare_arrays(model.values, eng, order=model.order, rules=rules, tolerance=tolerance,
                                 inputs=model.inputs, noise=noise, noise_dtype=noise_floor, aligned=aligned,
-                                topk=topk)
+                                topk=topk, tokens=len(model.ids) if model.ids else None)
         if local and model.model and os.path.exists(model.model) and model.ids:
             local_errors(report, _load_model(model.model, None), aligned, model.ids,
                          dtype=model.dtype, dtypes=model.dtypes)
@@ -377,7 +377,8 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
     aligned: dict = {}
     report = compare_arrays(values, eng, order=program.names, rules=rules, tolerance=tolerance,
                             inputs={op.name: tuple(op.inputs) for op in program.ops}, noise=noise,
-                            noise_dtype=noise_floor, aligned=aligned, topk=topk_dependents(program))
+                            noise_dtype=noise_floor, aligned=aligned, topk=topk_dependents(program),
+                            tokens=len(token_ids))
     if local and matched:
         local_errors(report, m, aligned, token_ids, dtype=dtype, dtypes=dtypes)
     return report

@@ -204,3 +204,61 @@ def diverged(m: dict[str, Any], tol: Tolerance, noise: dict[str, Any] | None = N
     if tol.max_abs is not None and not np.isnan(m["max_abs"]) and m["max_abs"] > tol.max_abs:
         why.append(f"max_abs {m['max_abs']:.3g} > {tol.max_abs:g}")
     return why
+
+
+def token_axis(shape: tuple, tokens: int) -> int | None:
+    """The token axis of one of our activations: the last non-final axis of size ``tokens``
+    (``[1, T, D]`` -> 1, heads-first ``[1, H, T, D]`` and scores ``[1, H, T, S]`` -> 2)."""
+    for ax in range(len(shape) - 2, -1, -1):
+        if shape[ax] == tokens:
+            return ax
+    return None
+
+
+def position_profile(ref: np.ndarray, eng: np.ndarray, tokens: int, mask_below: float | None = -65504.0):
+    """Per token position: RMS error over that position's elements / RMS of the whole reference.
+
+    None when no axis has ``tokens`` entries.  Masked (attention fill) and non-finite
+    elements are left out; a position with nothing left is NaN.
+    """
+    ax = token_axis(tuple(ref.shape), tokens)
+    if ax is None:
+        return None
+    r = np.moveaxis(np.asarray(ref, np.float32), ax, 0).reshape(tokens, -1)
+    e = np.moveaxis(np.asarray(eng, np.float32), ax, 0).reshape(tokens, -1)
+    ok = np.isfinite(r) & np.isfinite(e)
+    if mask_below is not None:
+        ok &= ~((r <= mask_below) & (e <= mask_below))
+    r64, e64 = np.where(ok, r, 0).astype(np.float64), np.where(ok, e, 0).astype(np.float64)
+    d2 = (e64 - r64) ** 2
+    r2 = r64 * r64
+    n = ok.sum(axis=1)
+    rms_ref = np.sqrt(r2.sum() / max(int(n.sum()), 1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        prof = np.sqrt(d2.sum(axis=1) / n) / (rms_ref if rms_ref > 0 else 1.0)
+    return prof.astype(np.float64)
+
+
+def position_pattern(profile) -> str | None:
+    """A one-line reading of a per-position error profile, when it has a clear shape."""
+    p = np.asarray(profile, dtype=np.float64)
+    if p.size < 3 or not np.isfinite(p).any():
+        return None
+    p = np.where(np.isfinite(p), p, 0.0)
+    top = p.max()
+    if top <= 0:
+        return None
+    big = p > 0.1 * top
+    if big.sum() == 1:
+        return f"the error sits at position {int(np.argmax(p))} alone"
+    onset = int(np.argmax(p > 0.01 * top))
+    post = p[onset:]
+    if post.size >= 3:
+        rho = np.corrcoef(np.argsort(np.argsort(post)), np.arange(post.size))[0, 1]
+        if rho > 0.9 and post[-1] > 2 * post[0]:
+            return "the error grows with the position (RoPE: frequencies, base, rotated dims, position offset?)"
+    first = int(np.argmax(big))
+    if first > 0 and big[first:].all() and p[:first].max() < 0.01 * top:
+        return (f"positions 0..{first - 1} match; the error starts at position {first} and stays "
+                "(a window, mask, cache offset or position-dependent bug?)")
+    return None

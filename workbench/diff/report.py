@@ -15,7 +15,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from workbench.diff.layout import LayoutError, reconcile
-from workbench.diff.metrics import Tolerance, diverged, error_metrics, noise_limits
+from workbench.diff.metrics import (Tolerance, diverged, error_metrics, noise_limits, position_pattern,
+                                    position_profile)
 from workbench.diff.naming import Rules, apply_rules, compile_rules
 
 
@@ -78,6 +79,8 @@ class OpDiff:
     local_nmse: float | None = None
     local_max_abs: float | None = None
     local_diverged: bool | None = None
+    # RMS error per token position / RMS of the reference (None when the op has no token axis)
+    position_error: list[float] | None = None
 
     @property
     def compared(self) -> bool:
@@ -99,6 +102,7 @@ class OpDiff:
             "noise_nmse": _num(self.noise_nmse), "noise_cosine": _num(self.noise_cosine),
             "local_cosine": _num(self.local_cosine), "local_nmse": _num(self.local_nmse),
             "local_max_abs": _num(self.local_max_abs), "local_diverged": self.local_diverged,
+            "position_error": None if self.position_error is None else [_num(x) for x in self.position_error],
         }
 
 
@@ -150,6 +154,9 @@ class DiffReport:
         if fd.op in self.inputs:
             by = {o.op: o.status for o in self.ops}
             d["inputs"] = [{"op": s, "status": by.get(s, "not compared")} for s in self.inputs[fd.op]]
+        if fd.position_error is not None:
+            d["positions"] = {"error": [_num(x) for x in fd.position_error],
+                              "pattern": position_pattern(fd.position_error)}
         if fd.local_nmse is not None:
             d["local"] = {"cosine": _num(fd.local_cosine), "nmse": _num(fd.local_nmse),
                           "max_abs": _num(fd.local_max_abs), "diverged": fd.local_diverged}
@@ -214,9 +221,13 @@ class DiffReport:
         else:
             lines.append(f"first divergence: {fd.op} (engine {fd.engine_name!r}, op #{fd.index}): "
                          + "; ".join(fd.reasons))
-            ins = (self.first_divergence_dict() or {}).get("inputs")
+            fdd = self.first_divergence_dict() or {}
+            ins = fdd.get("inputs")
             if ins:
                 lines.append("  its inputs: " + ", ".join(f"{i['op']} ({i['status']})" for i in ins))
+            pat = (fdd.get("positions") or {}).get("pattern")
+            if pat:
+                lines.append("  by position: " + pat)
         v = self.verdict()
         if v:
             lines.append("  " + v)
@@ -296,7 +307,7 @@ def compare_arrays(reference: Mapping[str, Any], engine: Mapping[str, Any], orde
                    rules: Rules | Iterable[Sequence[str]] | None = None, tolerance: Tolerance | dict | None = None,
                    inputs: Mapping[str, Sequence[str]] | None = None, noise: Mapping[str, Any] | None = None,
                    noise_dtype: str | None = None, aligned: dict | None = None,
-                   topk: Mapping[str, Iterable[str]] | None = None) -> DiffReport:
+                   topk: Mapping[str, Iterable[str]] | None = None, tokens: int | None = None) -> DiffReport:
     """Compare engine activations with ours.
 
     ``reference``: our activations by op name (every op of ``order`` that the engine may
@@ -312,6 +323,7 @@ def compare_arrays(reference: Mapping[str, Any], engine: Mapping[str, Any], orde
     the engine's k axis is put in our order, in the top-k op and in every dependent op
     whose leading dims are the top-k's (router weights ``[.., k]``, expert outputs
     ``[.., k, D]``).  Rows that select different experts are left as they are.
+    ``tokens``: the number of input tokens, to profile the error per token position.
     """
     tol = Tolerance.from_any(tolerance)
     if rules and not isinstance(next(iter(rules))[0], re.Pattern):
@@ -363,6 +375,9 @@ def compare_arrays(reference: Mapping[str, Any], engine: Mapping[str, Any], orde
                 od.noise_nmse, od.noise_cosine = nm["nmse"], nm["cosine"]
         od.limit_nmse, od.limit_cosine = noise_limits(nm, tol)
         od.reasons = diverged(m, tol, nm, noise_dtype)
+        if tokens:
+            prof = position_profile(ref, eng, tokens, tol.mask_below)
+            od.position_error = None if prof is None else [float(x) for x in prof]
         od.status = "diverged" if od.reasons else "ok"
         ops.append(od)
     unmatched_reference = [n for n in order if n not in matched]
