@@ -111,3 +111,33 @@ def test_unknown_arguments(tmp_path):
         zoo.build("gpt2", tmp_path / "x")
     with pytest.raises(ValueError, match="unquantized"):
         zoo.build("llama", tmp_path / "x", quant="mxfp4", layout="hf")
+
+
+CONVERT = [("gemma4_moe", "mxfp4"), ("gemma4", "affine4"), ("gemma4_kv", "nvfp4"), ("gemma3", "mxfp8"),
+           ("gemma3n", "affine8"), ("qwen3", "mxfp4"), ("llama", "affine4")]
+
+
+@pytest.mark.parametrize("arch,quant", CONVERT, ids=[f"{a}-{q}" for a, q in CONVERT])
+def test_inspector_accepts_mlx_lm_converter_output(tmp_path, arch, quant):
+    """The reference converter's own output (mlx-lm: load the HF layout, quantize_model with the
+    model's quant_predicate, save_model / save_config) is inspected clean, with the modes,
+    overrides and name layout it wrote."""
+    import workbench
+    from mlx_lm.utils import quantize_model, save_config, save_model
+
+    hf = zoo.build(arch, tmp_path / "hf", layout="hf", shards=2)
+    model, config = load_model(hf, lazy=True, strict=True)
+    mode, bits, gs = zoo.QUANT_SPECS[quant]
+    model, config = quantize_model(model, config, gs, bits, mode=mode)
+    out = tmp_path / "mlx"
+    save_model(out, model)
+    save_config(config, out / "config.json")
+    r = workbench.inspect(out, values=True, progress=False)
+    assert r.ok and not [p for p in r.problems if p.severity == "error"], [p.message for p in r.problems]
+    assert r.quantization["mode"] == mode and r.quantization["quantized_modules"] > 0
+    assert f"{mode} {bits}-bit g{gs}" in r.quantization["specs"]
+    if arch == "gemma4_moe":  # the router stays 8-bit affine through a per-path override
+        assert r.quantization["specs"]["affine 8-bit g64"] == 4
+        assert r.moe["router_quantization"] == "affine 8-bit g64"
+    ck = open_checkpoint(out)
+    assert ck.layout == "mlx"

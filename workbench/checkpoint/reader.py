@@ -252,6 +252,9 @@ class Checkpoint:
                                              f"name layouts: {', '.join(srcs)}", tensor=srcs[1],
                                              file=self.tensors[srcs[1]].file, layer=N.layer_of(cn)))
         self.layout = "hf" if layouts == {"hf"} else ("mixed" if len(layouts) > 1 else "mlx")
+        if self.layout == "hf" and family_of(self.config) == "gemma3n" and not any(
+                n.endswith(".gate_up_proj") for n in self.tensors):
+            self.layout = "mlx"  # Gemma 3n: mlx-lm keeps the Hugging Face names (model.language_model.*)
         tp = self.root / "tokenizer.json"
         self.tokenizer_path = tp if tp.is_file() else None
 
