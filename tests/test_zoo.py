@@ -141,3 +141,29 @@ def test_inspector_accepts_mlx_lm_converter_output(tmp_path, arch, quant):
         assert r.moe["router_quantization"] == "affine 8-bit g64"
     ck = open_checkpoint(out)
     assert ck.layout == "mlx"
+
+
+def test_nvfp4_global_scale_from_converter(tmp_path):
+    import workbench
+    from mlx_lm.utils import quantize_model, save_config, save_model
+
+    hf = zoo.build("gemma4_moe", tmp_path / "hf", layout="hf")
+    model, config = load_model(hf, lazy=True)
+    model, config = quantize_model(model, config, 16, 4, mode="nvfp4", global_scale=True)
+    out = tmp_path / "mlx"
+    save_model(out, model)
+    save_config(config, out / "config.json")
+    load_model(out, strict=True)
+    r = workbench.inspect(out, values=True, progress=False)
+    assert r.ok and not r.problems, [p.message for p in r.problems]
+    ck = open_checkpoint(out)
+    assert ck.info("layers.0.experts.switch_glu.gate_proj.global_scale").shape == (4,)
+    # without the tensor the config's request is unmet
+    cfg = json.loads((out / "config.json").read_text())
+    raw = (out / "model.safetensors").read_bytes()
+    old = b'"model.layers.0.experts.switch_glu.up_proj.global_scale"'
+    (out / "model.safetensors").write_bytes(raw.replace(old, b'"model.layers.0.experts.switch_glu.up_proj.global_scalx"'))
+    r = workbench.inspect(out)
+    assert ("quantization-mismatch", "model.layers.0.experts.switch_glu.up_proj.weight") in \
+        {(p.code, p.tensor) for p in r.problems}
+    assert cfg["quantization"]["model.layers.0.experts.switch_glu.up_proj"]["global_scale"] is True

@@ -133,8 +133,10 @@ def _check_arch(cx: _Ctx, report: Report):
     blind = bool(unknown_files) and not ck.index
 
     quant_names = set()
-    for mod in modules:
+    for mod, e in modules.items():
         quant_names.update({mod + ".scales", mod + ".biases"})
+        if e.kind == "experts":  # nvfp4 switch layers may carry one tensor scale per expert
+            quant_names.add(mod + ".global_scale")
     unexpected = [n for n in present if n not in exp and n not in quant_names]
     missing = [e for e in exp.values() if not e.optional and e.name not in present and e.name not in covered]
     if blind:
@@ -231,6 +233,18 @@ def _check_arch(cx: _Ctx, report: Report):
             elif bi is not None:
                 cx.add("quantization-mismatch", "error", f"{bi.source_name}: {spec.mode} has no biases",
                        tensor=bi.source_name, file=bi.file)
+            gsc = present.get(mod + ".global_scale")
+            if gsc is not None:
+                if spec.mode != "nvfp4":
+                    cx.add("quantization-mismatch", "error", f"{gsc.source_name}: a global scale belongs to "
+                           f"nvfp4, but {src} is {spec}", tensor=gsc.source_name, file=gsc.file)
+                elif tuple(gsc.shape) != e.shape[:1] or gsc.dtype not in _FLOATS:
+                    cx.add("shape-mismatch" if gsc.dtype in _FLOATS else "dtype-mismatch", "error",
+                           f"{gsc.source_name} is {gsc.dtype} {list(gsc.shape)}; expected one float per expert "
+                           f"{list(e.shape[:1])}", tensor=gsc.source_name, file=gsc.file)
+            elif mod in qc.global_scale:
+                cx.add("quantization-mismatch", "error", f"config.json asks for a global scale on {mod}, but "
+                       f"{cx.stored(mod + '.global_scale')} is missing", tensor=src, file=f)
             if not qc.present:
                 cx.add("quantization-mismatch", "error", f"{src} is quantized ({spec}) but config.json has no "
                        "quantization block", tensor=src, file=f)
@@ -381,6 +395,8 @@ def _scan_values(cx: _Ctx, report: Report, progress, chunk_bytes):
             spec = ck.quant_of(mod)
             if spec is None:
                 continue
+            if mod + ".global_scale" in ck._canon:
+                continue  # per-expert tensor scale on top: raw values scanned (noted)
             bi = ck._canon.get(mod + ".biases") if spec.mode == "affine" else None
             if spec.mode == "affine" and (bi is None or sc.dtype not in _FLOATS or bi.dtype not in _FLOATS):
                 continue  # cannot be dequantized as stored (reported by the checks): raw values scanned

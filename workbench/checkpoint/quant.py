@@ -112,6 +112,7 @@ class QuantConfig:
         self.block = block
         self.default = spec_from_dict(block) if block else None
         self.overrides: dict[str, QuantSpec | None] = {}  # canonical module -> spec (None = kept float)
+        self.global_scale: set[str] = set()  # modules whose override asks for an nvfp4 global scale
         self.override_keys: dict[str, str] = {}  # canonical module -> key as in config
         if block:
             for k, v in block.items():
@@ -122,6 +123,8 @@ class QuantConfig:
                     mod = bare[: -len(".weight")]
                     self.overrides[mod] = spec_from_dict(v) if v is not False else None
                     self.override_keys[mod] = k
+                    if isinstance(v, dict) and v.get("global_scale"):
+                        self.global_scale.add(mod)
 
     @property
     def present(self) -> bool:
