@@ -185,3 +185,23 @@ def test_weight_values_dequantize(tmp_path, quant):
     assert np.corrcoef(w.ravel(), w0.ravel())[0, 1] > 0.98  # the same values, up to 4-bit rounding
     with pytest.raises(KeyError, match="no tensor"):
         weight_values(packed, "layers.0.mlp.nothing")
+
+
+def test_position_error_map(model, ref):
+    from workbench.plots import position_error_map
+    eng = dict(ref.values)
+    x = eng["layers.2.mlp.down_proj"].copy()
+    x[:, 4:] *= 1.5  # wrong from token 4 on
+    eng["layers.2.mlp.down_proj"] = x
+    report = compare(model, eng, ids=IDS)
+    ax = position_error_map(report, tokens=[str(i) for i in IDS]).axes[0]
+    data = np.asarray(ax.get_images()[0].get_array())
+    rows = [o for o in report.ops if o.position_error is not None]
+    i = [o.op for o in rows].index("layers.2.mlp.down_proj")
+    assert data.shape == (len(rows), len(IDS))
+    assert data[i, 4:].min() > 100 * data[i, :4].max()  # the block starts at column 4
+    labels = {t.get_text(): t.get_color() for t in ax.get_yticklabels()}
+    assert labels["layers.2.mlp.down_proj"] == "red"
+    assert "starts at position 4" in ax.get_title()
+    with pytest.raises(ValueError, match="per-position"):
+        position_error_map(compare(ref, {"layers.0": ref.values["layers.0"]}))

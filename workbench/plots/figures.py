@@ -376,3 +376,71 @@ def _rect(x, y):
     from matplotlib.patches import Rectangle
 
     return Rectangle((x - 0.46, y - 0.44), 0.92, 0.88, fill=False, ec="tab:red", lw=1.4)
+
+
+def position_error_map(report: Any, tokens: Sequence[str] | None = None, title: str | None = None,
+                       max_labels: int = 40) -> Figure:
+    """Per op (rows, execution order) and token position (columns): the engine's RMS error
+    relative to the reference's RMS, on a log colour scale.
+
+    A RoPE bug shows as error growing to the right, a window or mask bug as a block that
+    starts at one column, a bad first token as one column; propagation as everything below
+    the first bad row.  ``report``: a DiffReport made with token positions (``compare``).
+    """
+    from matplotlib.colors import LogNorm
+
+    rows = [o for o in report.ops if getattr(o, "position_error", None) is not None]
+    if not rows:
+        raise ValueError("the report has no per-position errors (compare() fills them from the token count)")
+    T = max(len(o.position_error) for o in rows)
+    data = np.full((len(rows), T), np.nan)
+    for i, o in enumerate(rows):
+        data[i, : len(o.position_error)] = [np.nan if v is None else v for v in o.position_error]
+    pos = data[np.isfinite(data) & (data > 0)]
+    vmax = max(float(pos.max()) if pos.size else 1.0, 1e-6)
+    vmin = max(float(np.percentile(pos, 1)) if pos.size else vmax * 1e-6, vmax * 1e-8)
+    vmin = min(vmin, vmax / 1e3)  # exact (0) cells, drawn at vmin, stay apart from real errors
+    shown = np.where(np.isfinite(data), np.maximum(data, vmin), np.nan)
+    fig = Figure(figsize=(max(6, min(14, 0.35 * T + 4)), max(4, min(12, 0.05 * len(rows) + 3))))
+    ax = fig.add_subplot()
+    import matplotlib
+
+    cmap = matplotlib.colormaps["magma"].with_extremes(bad="0.85")
+    im = ax.imshow(shown, aspect="auto", interpolation="nearest", cmap=cmap, norm=LogNorm(vmin=vmin, vmax=vmax))
+    fig.colorbar(im, ax=ax, fraction=0.04, pad=0.02).set_label("RMS error / RMS(reference)  (log)")
+    fd = report.first_divergence
+    step = max(1, math.ceil(len(rows) / max_labels))
+    ticks = list(range(0, len(rows), step))
+    fd_row = next((i for i, o in enumerate(rows) if fd is not None and o.op == fd.op), None)
+    if fd_row is not None and fd_row not in ticks:
+        ticks = sorted(ticks + [fd_row])
+    ax.set_yticks(ticks, [rows[i].op for i in ticks], fontsize=6)
+    if fd_row is not None:
+        for lab, i in zip(ax.get_yticklabels(), ticks):
+            if i == fd_row:
+                lab.set_color("red")
+                lab.set_fontweight("bold")
+        ax.axhline(fd_row - 0.5, color="red", lw=1)
+    last = None
+    for i, o in enumerate(rows):  # layer boundaries
+        if o.layer is not None and o.layer != last:
+            if last is not None:
+                ax.axhline(i - 0.5, color="white", lw=0.4, alpha=0.6)
+            last = o.layer
+    if tokens is not None and len(tokens) == T and T <= 64:
+        ax.set_xticks(range(T), [f"{i} {_short(t, 8)}" for i, t in enumerate(tokens)], rotation=90, fontsize=7)
+    ax.set_xlabel("token position")
+    ax.set_ylabel("op (execution order)")
+    pat = None
+    if fd is not None and fd.position_error is not None:
+        from workbench.diff.metrics import position_pattern
+
+        pat = position_pattern(fd.position_error)
+    if title is None:
+        import textwrap
+
+        title = "error by op and token position"
+        if fd is not None:
+            title += "\n" + textwrap.fill(f"first divergence {fd.op}" + (f": {pat}" if pat else ""), 90)
+    ax.set_title(title, fontsize=10)
+    return fig
