@@ -436,3 +436,11 @@ def test_progress_bar_on_a_terminal_only(tmp_path):
     assert b"values" in err and b"%" in err  # tqdm drew a bar on the terminal
     r = subprocess.run(cmd, capture_output=True, timeout=120)  # not a terminal: no bar
     assert r.returncode == 0 and b"%" not in r.stderr
+
+
+def test_python_api_equals_cli_json(tmp_path, capsys):
+    p = zoo.build("gemma4", tmp_path / "ck", quant="mxfp4", broken="misnamed")
+    r = workbench.inspect(p, values=True, progress=False)
+    assert main(["inspect", str(p), "--values", "--json"]) == 1
+    assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(r.to_dict()))
+    assert not r.ok and r.problems and all(hasattr(x, "code") for x in r.problems)
