@@ -269,3 +269,12 @@ def test_host_and_device_statistics_agree(dtype):
     assert host[2]["masked"] == 40 and host[2]["headroom"] < 0.5
     ref = np.array(vals[0].astype(mx.float32), dtype=np.float64)
     assert host[0]["max"] == pytest.approx(ref.max()) and host[0]["std"] == pytest.approx(ref.std(), rel=1e-4)
+
+
+def test_first_nonfinite_after_an_uncaptured_run_checks_again():
+    op = Op("bad.sqrt", "sqrt", lambda c, h: mx.sqrt(h - 1e3), ("layers.1",), (), None)
+    t = new_trace(extra_ops=[op], capture=None)[0]
+    t.run()
+    assert t.done and t.steps[-1].stats is None
+    f = t.first_nonfinite()
+    assert f is not None and f.op == "bad.sqrt" and f.cause == "invalid"

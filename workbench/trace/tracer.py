@@ -156,7 +156,7 @@ class Trace:
                  capture="stats", breakpoints=None, interventions=None,
                  context: Callable | None = None, tensors: Callable | None = None,
                  memory_budget: int | None = None, spill_dir: str | None = None,
-                 flush_bytes: int = 32 * 2**20, store: ValueStore | None = None,
+                 flush_bytes: int = 512 * 2**20, store: ValueStore | None = None,
                  key_prefix: str = "", model: Any = None):
         missing = [n for n in program.inputs if n not in feeds]
         if missing:
@@ -524,6 +524,10 @@ class Trace:
         for s in self._steps:
             if s.stats is None:
                 s.stats = _stats.compute([self.value(s.name)])[0] if self._has_value(s.name) else None
+            if s.stats is None:
+                # ran without statistics and the value is gone: check again from the start
+                self.reset()
+                break
             if s.nonfinite:
                 return diagnose(self, s)
         if self.done:
@@ -669,7 +673,7 @@ def prepare_ids(model, ids_or_text, pad_id: int | None = None):
 
 def trace(model, ids_or_text, capture="stats", dtype=None, breakpoints=None, interventions=None, *,
           cache=None, attention_mask=None, pad_id: int | None = None, memory_budget: int | None = None,
-          spill_dir: str | None = None, flush_bytes: int = 32 * 2**20, store: ValueStore | None = None,
+          spill_dir: str | None = None, flush_bytes: int = 512 * 2**20, store: ValueStore | None = None,
           key_prefix: str = "") -> Trace:
     """A :class:`Trace` of ``model`` on text, token ids, or a batch of either.
 
