@@ -278,3 +278,18 @@ def test_first_nonfinite_after_an_uncaptured_run_checks_again():
     assert t.done and t.steps[-1].stats is None
     f = t.first_nonfinite()
     assert f is not None and f.op == "bad.sqrt" and f.cause == "invalid"
+
+
+def test_many_small_evaluation_batches_give_the_same_trace():
+    # flush_bytes=1: every op is its own batch (stats still complete, breakpoints still exact)
+    one, _ = new_trace(capture="full")
+    one.run()
+    t, _ = new_trace(capture="stats", flush_bytes=1, breakpoints=[lambda s: s.stats["absmax"] > 1.5])
+    hit = t.run()
+    first = next(n for n in one.ops if one.stats(n)["absmax"] > 1.5)
+    assert hit.name == first
+    t.clear_breakpoints()
+    t.run()
+    assert np.array_equal(np.array(t.logits), np.array(one.logits))
+    for n in one.ops:
+        assert t.stats(n) == one.stats(n)
