@@ -147,3 +147,18 @@ def test_cli_entry_point_subprocess(ckpts):
                         "--json"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 1, p.stderr
     assert json.loads(p.stdout)["first_nonfinite"]["cause"] == "nonfinite-weight"
+
+
+def test_hunt_through_the_kv_cache_in_generation(ckpts):
+    m = workbench.load(ckpts["overflow"])
+    g = workbench.generate(m, IDS, max_tokens=3, dtype="float16")
+    k, f = g.first_nonfinite()
+    # the prompt's forward overflows first; the cause is found by replaying with a copy of the cache
+    assert k == 0 and (f.op, f.cause) == ("layers.1.mlp.act", "overflow") and f.float32_absmax > 65504
+    clean = workbench.generate(m, IDS, max_tokens=3, dtype="float32")
+    assert clean.first_nonfinite() is None
+    # a NaN injected in every forward: the per-token forward (one token, reading the cache) finds it too
+    gi = workbench.generate(workbench.load(ckpts["clean"]), IDS, max_tokens=2,
+                            interventions=[workbench.trace.inject("layers.3.mlp.down_proj", float("nan"))])
+    f1 = gi.traces[1].first_nonfinite()
+    assert (f1.op, f1.cause, f1.nan) == ("layers.3.mlp.down_proj", "injected", 1)

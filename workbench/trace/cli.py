@@ -56,6 +56,7 @@ def run(args) -> int:
     import workbench
     from workbench.cli import UsageError
     from workbench.trace.hunt import hunt
+    from workbench.trace.tracer import TraceError
 
     try:
         model = workbench.load(args.path)
@@ -77,8 +78,8 @@ def run(args) -> int:
             raise UsageError(f"token id {bad[0]} is out of range for a vocabulary of {vocab}")
     try:
         result = hunt(model, ids, dtype=args.dtype)
-    except (ValueError, KeyError) as e:
-        raise UsageError(str(e)) from None
+    except (ValueError, KeyError, TraceError) as e:
+        raise UsageError(str(e).strip("'\"")) from None
     report = result.report
     if args.json:
         print(json.dumps(report, indent=2, allow_nan=False, default=str))
