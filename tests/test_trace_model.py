@@ -7,7 +7,7 @@ import mlx.core as mx
 
 from workbench import zoo
 from workbench.program import execute
-from workbench.trace import NONFINITE, TraceError, inject, patch, replace, zero_head
+from workbench.trace import TraceError, inject, patch, replace, zero_head
 
 IDS = [2, 15, 16, 17, 18, 19, 20, 21, 22, 23]
 

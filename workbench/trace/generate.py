@@ -19,7 +19,7 @@ from typing import Any
 import mlx.core as mx
 
 from workbench.trace.store import ValueStore
-from workbench.trace.tracer import Trace, TraceError, prepare_ids, trace as _trace
+from workbench.trace.tracer import TraceError, prepare_ids, trace as _trace
 
 
 @dataclass

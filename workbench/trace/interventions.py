@@ -16,7 +16,7 @@ A plain dict ``{pattern: fn}`` is accepted too (each entry is a :func:`patch`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Mapping
 
 import mlx.core as mx
 
