@@ -86,6 +86,7 @@ def test_planted_nan_weight_found_with_cause(ckpts):
     assert (f["nan"], f["posinf"], f["neginf"]) == (len(IDS), 0, 0)
     (w,) = f["weights"]
     assert w["name"] == "layers.2.mlp.down_proj.weight" and w["nan"] == 1
+    assert f["first_index"] == [0, 0, 5]  # batch 0, token 0, output feature 5 (the NaN weight's row)
 
 
 def test_weight_past_compute_range(ckpts):

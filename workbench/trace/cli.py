@@ -100,7 +100,8 @@ def run(args) -> int:
     print(f"first non-finite op: {f.op} ({where}{f.kind}, op {f.index} of {len(t.ops)})")
     print(f"  cause: {f.cause}")
     print(f"  {f.detail}")
-    print(f"  output {list(f.shape)} {f.dtype}: nan {f.nan}, +inf {f.posinf}, -inf {f.neginf} of {f.size} elements")
+    at = f", first at index {list(f.first_index)}" if f.first_index is not None else ""
+    print(f"  output {list(f.shape)} {f.dtype}: nan {f.nan}, +inf {f.posinf}, -inf {f.neginf} of {f.size} elements{at}")
     for d in f.inputs:
         print(f"  input  {d['name']}: {d['dtype']} {d['shape']} absmax {_fmt(d.get('absmax'))}"
               f"  nan {d['nan']} +inf {d['posinf']} -inf {d['neginf']}")

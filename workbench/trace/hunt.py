@@ -51,6 +51,7 @@ class Finding:
     weights: list = field(default_factory=list)
     float32_absmax: float | None = None
     closest_before: list = field(default_factory=list)
+    first_index: tuple | None = None  # index of the first non-finite element (row-major)
     step: Any = field(default=None, repr=False)
 
     def to_dict(self) -> dict:
@@ -58,7 +59,8 @@ class Finding:
              "posinf": self.posinf, "neginf": self.neginf, "kind": self.kind, "index": self.index,
              "size": self.size, "shape": list(self.shape), "dtype": self.dtype, "detail": self.detail,
              "inputs": self.inputs, "weights": self.weights, "float32_absmax": self.float32_absmax,
-             "closest_before": [{"op": n, "headroom": h} for n, h in self.closest_before]}
+             "closest_before": [{"op": n, "headroom": h} for n, h in self.closest_before],
+             "first_index": list(self.first_index) if self.first_index is not None else None}
         return _stats.jsonable(d)
 
     def __str__(self) -> str:
@@ -89,6 +91,25 @@ def _tensor_info(name: str, x: mx.array, compute_max: float | None) -> dict:
     return info
 
 
+def _first_bad_index(trace, name: str):
+    """Row-major index of the op's first non-finite element (e.g. [batch, token, feature])."""
+    try:
+        v = trace.value(name)
+    except KeyError:
+        v = trace.recompute(name, interventions=True)
+    if not mx.issubdtype(v.dtype, mx.floating):
+        return None
+    bad = mx.logical_not(mx.isfinite(v)).reshape(-1)
+    if not bool(mx.any(bad).item()):
+        return None
+    k = int(mx.argmax(bad.astype(mx.int32)).item())
+    idx = []
+    for n in reversed(v.shape):
+        idx.append(k % n)
+        k //= n
+    return tuple(reversed(idx))
+
+
 def diagnose(trace, step) -> Finding:
     """Why op ``step`` (the first non-finite one) went non-finite."""
     i = step.index
@@ -111,6 +132,7 @@ def diagnose(trace, step) -> Finding:
                 shape=step.output_shape, dtype=step.dtype, detail="", inputs=inputs, weights=weights,
                 closest_before=closest, step=step)
 
+    f.first_index = _first_bad_index(trace, op.name)
     bad_in = [d for d in inputs if d["nan"] or d["posinf"] or d["neginf"]]
     bad_w = [d for d in weights if d["nan"] or d["posinf"] or d["neginf"]]
     range_w = [d for d in weights if d.get("out_of_range")]
