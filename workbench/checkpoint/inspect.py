@@ -431,8 +431,10 @@ def _scan_values(cx: _Ctx, report: Report, progress, chunk_bytes):
 
     failed = {}
 
-    def drain(fut):
+    def drain(item):
+        fut, (rd, token) = item
         key, part, nb = fut.result()
+        rd.release(token)
         if isinstance(part, Exception):
             failed.setdefault(key, part)
         else:
@@ -453,9 +455,11 @@ def _scan_values(cx: _Ctx, report: Report, progress, chunk_bytes):
                     report.notes.append(f"{t.name}: dtype {t.dtype} not scanned")
                     continue
                 spans.append((t.name, sf.abs_offset(t), t.end - t.begin))
-            reader = ChunkReader(sf.path, chunk_bytes)
+            while pending:  # the previous file's chunks hold that file's reader's buffers
+                drain(pending.popleft())
+            reader = ChunkReader(sf.path, chunk_bytes, nbuf=2 * workers + 8)
             rows_done = {}
-            for key, b in _aligned(reader, spans, sf, qinfo, chunk_bytes):
+            for key, b, token in _aligned(reader, spans, sf, qinfo, chunk_bytes):
                 if key not in stats:
                     stats[key] = Stats()
                 if b is None:
@@ -469,7 +473,7 @@ def _scan_values(cx: _Ctx, report: Report, progress, chunk_bytes):
                     task = (key, b, t.dtype, (t.shape[-1], spec, sc, bi, row, rows))
                 else:
                     task = (key, b, scale_fmt.get(key, t.dtype), None)
-                pending.append(pool.submit(_chunk_stats_safe, ck, task))
+                pending.append((pool.submit(_chunk_stats_safe, ck, task), (reader, token)))
                 while len(pending) > 2 * workers:
                     drain(pending.popleft())
         while pending:
@@ -477,7 +481,7 @@ def _scan_values(cx: _Ctx, report: Report, progress, chunk_bytes):
     except (OSError, EOFError) as e:
         cx.add("truncated-file", "error", f"reading values failed: {e}")
     finally:
-        for f in pending:
+        for f, _ in pending:
             f.cancel()
         pool.shutdown(wait=True)
         if bar is not None:
@@ -547,19 +551,23 @@ def _aligned(reader, spans, sf, qinfo, chunk_bytes):
     """Chunks from the reader, re-cut so that quantized weights come in whole rows and other
     tensors in whole elements."""
     pend = {}
-    for key, b in reader.ranges(spans):
-        if b is None:
+    for key, raw, n in reader.ranges(spans):
+        if raw is None:
             rest = pend.pop(key, b"")
             if rest:
-                yield key, rest
-            yield key, None
+                yield key, rest, None
+            yield key, None, None
             continue
         t = sf.tensors[key]
         unit = t.shape[-1] * 4 if key in qinfo else max(1, DTYPE_BITS[t.dtype] // 8)
-        buf = pend.pop(key, b"") + b if key in pend else b
+        if key not in pend and n % unit == 0:  # the common case: hand the pooled buffer on
+            yield key, memoryview(raw)[:n], raw
+            continue
+        buf = pend.pop(key, b"") + bytes(memoryview(raw)[:n])
+        reader.release(raw)
         cut = len(buf) - len(buf) % unit
         if cut:
-            yield key, buf[:cut] if cut != len(buf) else buf
+            yield key, buf[:cut] if cut != len(buf) else buf, None
         if cut != len(buf):
             pend[key] = buf[cut:]
 

@@ -225,12 +225,34 @@ class ChunkReader:
     """Sequential chunked reads of byte ranges of one file, prefetched by a thread
     (numpy releases the GIL, so reading and statistics overlap)."""
 
-    def __init__(self, path: str, chunk: int = CHUNK_BYTES, depth: int = 4):
-        self.path, self.chunk, self.depth = path, chunk, depth
+    def __init__(self, path: str, chunk: int = CHUNK_BYTES, depth: int = 4, nbuf: int = 16):
+        self.path, self.chunk, self.depth, self.nbuf = path, chunk, depth, max(nbuf, depth + 2)
+        self.free: queue.Queue = queue.Queue()  # recycled buffers: no fresh pages to fault in per chunk
+        self.made = 0
+
+    def release(self, buf):
+        """Hand a buffer yielded by ``ranges`` back once its bytes are used."""
+        if buf is not None:
+            self.free.put(buf)
+
+    def _buffer(self, stop):
+        while True:
+            try:
+                return self.free.get_nowait()
+            except queue.Empty:
+                if self.made < self.nbuf:
+                    self.made += 1
+                    return bytearray(self.chunk)
+            try:
+                return self.free.get(timeout=0.05)
+            except queue.Empty:
+                if stop.is_set():
+                    return None
 
     def ranges(self, spans):
-        """spans: list of (key, start, length) in file order -> yields (key, bytes) chunks,
-        then (key, None) at the end of each span."""
+        """spans: list of (key, start, length) in file order -> yields (key, buffer, nbytes)
+        chunks (give each buffer back with ``release``), then (key, None, 0) at the end of
+        each span."""
         q: queue.Queue = queue.Queue(self.depth)
         stop = threading.Event()
 
@@ -256,12 +278,15 @@ class ChunkReader:
                                 except OSError:
                                     pass
                                 ahead = pos + READAHEAD
-                            b = f.read(min(self.chunk, left))
-                            if not b:
+                            buf = self._buffer(stop)
+                            if buf is None:
+                                break
+                            n = f.readinto(memoryview(buf)[: min(self.chunk, left)])
+                            if not n:
                                 raise EOFError(f"unexpected end of file at byte {start + length - left}")
-                            left -= len(b)
-                            q.put((key, b))
-                        q.put((key, None))
+                            left -= n
+                            q.put((key, buf, n))
+                        q.put((key, None, 0))
                 q.put(StopIteration)
             except BaseException as e:  # noqa: BLE001 - handed to the consumer
                 q.put(e)
