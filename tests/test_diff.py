@@ -136,6 +136,10 @@ def test_perturbed_op_is_the_first_divergence(ckpt, reference, tmp_path, capsys)
     text = capsys.readouterr().out
     assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
     assert rc == 1 and f"first divergence: {target}" in text and "blk.0.attn.q_scaled" in text
+    # against the saved reference dump instead of the checkpoint: no input needed, same finding
+    rc = main(["diff", str(reference), str(tmp_path / "engine.npz"), "--map", str(rules), "--json"])
+    again = json.loads(capsys.readouterr().out)
+    assert rc == 1 and again["first_divergence"]["op"] == target and again["compared"] == out["compared"]
 
 
 def test_python_api_and_reference_dump_as_reference(ckpt, reference, tmp_path):
