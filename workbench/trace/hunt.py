@@ -63,6 +63,9 @@ class Finding:
              "first_index": list(self.first_index) if self.first_index is not None else None}
         return _stats.jsonable(d)
 
+    def __repr__(self) -> str:
+        return f"<Finding {self}>"
+
     def __str__(self) -> str:
         where = f"layer {self.layer}, " if self.layer is not None else ""
         return (f"{self.op} ({where}{self.kind}, op {self.index}): {self.cause} — nan {self.nan}, "
@@ -204,6 +207,14 @@ class HuntResult:
     @property
     def found(self) -> bool:
         return self.finding is not None
+
+    def __str__(self) -> str:
+        if self.finding is None:
+            return f"clean: no NaN or Inf in any of {self.report['ops_checked']} ops"
+        return f"first non-finite op: {self.finding} ({self.report['ops_checked']} ops checked)"
+
+    def __repr__(self) -> str:
+        return f"<HuntResult {self}>"
 
 
 def hunt(model, ids_or_text, dtype=None, **trace_kwargs) -> HuntResult:
