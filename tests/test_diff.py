@@ -132,9 +132,10 @@ def test_perturbed_op_is_the_first_divergence(ckpt, reference, tmp_path, capsys)
     assert "layers.4" not in out["unmatched_reference"]
     # text output names it too
     rc = main(["diff", str(ckpt), str(tmp_path / "engine.npz"), "--ids", ",".join(map(str, IDS)), "--map", str(rules),
-               "--plot", str(tmp_path / "curve.png")])
+               "--plot", str(tmp_path / "curve.png"), "--plot-positions", str(tmp_path / "map.png")])
     text = capsys.readouterr().out
     assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "map.png").read_bytes()[:4] == b"\x89PNG"
     assert rc == 1 and f"first divergence: {target}" in text and "blk.0.attn.q_scaled" in text
     # against the saved reference dump instead of the checkpoint: no input needed, same finding
     rc = main(["diff", str(reference), str(tmp_path / "engine.npz"), "--map", str(rules), "--json"])

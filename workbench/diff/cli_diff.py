@@ -33,6 +33,7 @@ def add_arguments(p) -> None:
     p.add_argument("--no-local", dest="local", action="store_false",
                    help="skip the local errors (our op on the engine's own inputs; about one more forward)")
     p.add_argument("--plot", metavar="FILE.png", help="also save the per-op error curve")
+    p.add_argument("--plot-positions", metavar="FILE.png", help="also save the error map by op and token position")
     p.add_argument("--all", action="store_true", help="list every compared op (text output)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
@@ -52,10 +53,13 @@ def run(args) -> int:
                          for n in report.unmatched_engine[:5])
         raise common.UsageError(f"{args.engine_dump}: none of its {len(report.unmatched_engine)} tensors maps to an op "
                                 f"(e.g. {hint}); write a --map rules file")
-    if args.plot:
-        from workbench.plots import error_curve, save
+    if args.plot or args.plot_positions:
+        from workbench.plots import error_curve, position_error_map, save
 
-        save(error_curve(report), args.plot)
+        if args.plot:
+            save(error_curve(report), args.plot)
+        if args.plot_positions and any(o.position_error is not None for o in report.ops):
+            save(position_error_map(report), args.plot_positions)
     if args.json:
         print(json.dumps(report.to_dict()))
     else:

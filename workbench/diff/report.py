@@ -80,7 +80,7 @@ class OpDiff:
     local_max_abs: float | None = None
     local_diverged: bool | None = None
     # RMS error per token position / RMS of the reference (None when the op has no token axis)
-    position_error: list[float] | None = None
+    position_error: np.ndarray | None = None  # float32 [T]
 
     @property
     def compared(self) -> bool:
@@ -102,7 +102,10 @@ class OpDiff:
             "noise_nmse": _num(self.noise_nmse), "noise_cosine": _num(self.noise_cosine),
             "local_cosine": _num(self.local_cosine), "local_nmse": _num(self.local_nmse),
             "local_max_abs": _num(self.local_max_abs), "local_diverged": self.local_diverged,
-            "position_error": None if self.position_error is None else [_num(x) for x in self.position_error],
+            # per-position errors: always for ops off tolerance, for the others up to 512 tokens
+            "position_error": (None if self.position_error is None
+                               or (self.status == "ok" and len(self.position_error) > 512)
+                               else [_num(float(x)) for x in self.position_error]),
         }
 
 
@@ -155,7 +158,7 @@ class DiffReport:
             by = {o.op: o.status for o in self.ops}
             d["inputs"] = [{"op": s, "status": by.get(s, "not compared")} for s in self.inputs[fd.op]]
         if fd.position_error is not None:
-            d["positions"] = {"error": [_num(x) for x in fd.position_error],
+            d["positions"] = {"error": [_num(float(x)) for x in fd.position_error],
                               "pattern": position_pattern(fd.position_error)}
         if fd.local_nmse is not None:
             d["local"] = {"cosine": _num(fd.local_cosine), "nmse": _num(fd.local_nmse),
@@ -377,7 +380,7 @@ def compare_arrays(reference: Mapping[str, Any], engine: Mapping[str, Any], orde
         od.reasons = diverged(m, tol, nm, noise_dtype)
         if tokens:
             prof = position_profile(ref, eng, tokens, tol.mask_below)
-            od.position_error = None if prof is None else [float(x) for x in prof]
+            od.position_error = None if prof is None else prof.astype(np.float32)
         od.status = "diverged" if od.reasons else "ok"
         ops.append(od)
     unmatched_reference = [n for n in order if n not in matched]

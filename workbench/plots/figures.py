@@ -395,7 +395,7 @@ def position_error_map(report: Any, tokens: Sequence[str] | None = None, title: 
     T = max(len(o.position_error) for o in rows)
     data = np.full((len(rows), T), np.nan)
     for i, o in enumerate(rows):
-        data[i, : len(o.position_error)] = [np.nan if v is None else v for v in o.position_error]
+        data[i, : len(o.position_error)] = np.asarray(o.position_error, dtype=float)
     pos = data[np.isfinite(data) & (data > 0)]
     vmax = max(float(pos.max()) if pos.size else 1.0, 1e-6)
     vmin = max(float(np.percentile(pos, 1)) if pos.size else vmax * 1e-6, vmax * 1e-8)
