@@ -188,7 +188,8 @@ class DiffReport:
         if fd.local_diverged is False:
             tail = (f"; the first op that is itself wrong is {fl.op} (local nmse {fl.local_nmse:.3g})" if fl else
                     "; no single op is wrong on its own: error accumulates (precision), or sits in an op "
-                    "whose inputs were not dumped")
+                    "whose inputs were not dumped" + ("" if self.noise_dtype else
+                                                      " (an engine computing in bfloat16/float16: try --noise-floor)"))
             return (f"{fd.op} is right on the engine's inputs (local nmse {fd.local_nmse:.3g}): the error "
                     "came in upstream" + tail)
         return None
