@@ -163,3 +163,19 @@ def test_hunt_through_the_kv_cache_in_generation(ckpts):
                             interventions=[workbench.trace.inject("layers.3.mlp.down_proj", float("nan"))])
     f1 = gi.traces[1].first_nonfinite()
     assert (f1.op, f1.cause, f1.nan) == ("layers.3.mlp.down_proj", "injected", 1)
+
+
+def test_nan_scale_of_an_mxfp4_weight(tmp_path):
+    src = zoo.build("qwen3", tmp_path / "q", quant="mxfp4", dtype="float32")
+
+    def poison(ts):  # E8M0 scale 0xFF is NaN
+        k = _key(ts, "layers.1.mlp.down_proj.scales")
+        s = np.array(ts[k])
+        s[3, 1] = 255
+        ts[k] = mx.array(s)
+    m = workbench.load(planted(Path(src), tmp_path / "bad", poison))
+    f = workbench.trace.hunt(m, IDS, dtype="float32").finding
+    assert (f.op, f.cause) == ("layers.1.mlp.down_proj", "nonfinite-weight")
+    (sc,) = [w for w in f.weights if w["name"].endswith(".scales")]
+    assert sc["nan"] == 1
+    assert workbench.trace.hunt(workbench.load(src), IDS, dtype="float32").finding is None

@@ -82,8 +82,22 @@ def _absmax(x: mx.array) -> float:
     return float(a.max().item())
 
 
-def _tensor_info(name: str, x: mx.array, compute_max: float | None) -> dict:
+def _quant_nan(name: str, x: mx.array, mode: str | None) -> int:
+    """NaN encodings in packed quantized tensors: E8M0 scales (mxfp4 / mxfp8) use 0xFF,
+    E4M3 values (nvfp4 scales, mxfp8 weights) use S.1111.111."""
+    if mode is None or mx.issubdtype(x.dtype, mx.floating):
+        return 0
+    if name.endswith(".scales") and mode in ("mxfp4", "mxfp8"):
+        return int((x.astype(mx.uint8) == 255).sum().item()) if x.dtype == mx.uint8 else 0
+    if (name.endswith(".scales") and mode == "nvfp4") or (name.endswith(".weight") and mode == "mxfp8"):
+        b = x if x.dtype == mx.uint8 else mx.view(x, mx.uint8)
+        return int(((b & 0x7F) == 0x7F).sum().item())
+    return 0
+
+
+def _tensor_info(name: str, x: mx.array, compute_max: float | None, mode: str | None = None) -> dict:
     nan, pinf, ninf = _stats.nonfinite_counts(x)
+    nan += _quant_nan(name, x, mode)
     info = {"name": name, "dtype": str(x.dtype).replace("mlx.core.", ""), "shape": list(x.shape),
             "nan": nan, "posinf": pinf, "neginf": ninf}
     if mx.issubdtype(x.dtype, mx.floating):
@@ -125,7 +139,8 @@ def diagnose(trace, step) -> Finding:
     inputs = [_tensor_info(n, v, None) for n, v in zip(op.inputs, vals)]
     for d in inputs:
         d.pop("out_of_range", None)
-    weights = [_tensor_info(n, w, dmax) for n, w in trace.op_tensors(op.name).items()]
+    mode = (op.attrs.get("quant") or {}).get("mode") if isinstance(op.attrs.get("quant"), dict) else None
+    weights = [_tensor_info(n, w, dmax, mode) for n, w in trace.op_tensors(op.name).items()]
     for w in weights:  # packed quantized weights are integers: only float tensors can overflow
         w.setdefault("out_of_range", False)
     closest = [(n, h) for n, h in trace.headroom() if trace.program.index(n) < i][:5]
