@@ -110,11 +110,11 @@ def test_nonfinite_counted_per_element_not_from_a_sum():
 
 def test_stats_helpers_mask_fill_and_lone_values():
     x = mx.array([[1.0, -2.0, 0.0, -65504.0]], dtype=mx.float16)
-    (s,) = S.compute([x])
+    (s,) = S.evaluate([x])
     assert s["masked"] == 1 and s["min"] == -2.0 and s["absmax"] == 2.0
     assert s["headroom"] == pytest.approx(2.0 / 65504)
     y = mx.array([0.0, float("nan"), 3.0])
-    (s,) = S.compute([y])
+    (s,) = S.evaluate([y])
     assert s["nan"] == 1 and s["max"] == 3.0 and s["zero_frac"] == pytest.approx(1 / 3)
     assert S.nonfinite_counts(mx.array([mx.inf, -mx.inf, mx.nan, mx.nan])) == (2, 1, 1)
 

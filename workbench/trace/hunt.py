@@ -6,9 +6,10 @@ Causes, decided in this order for the first non-finite op:
                       recomputed without the intervention, is finite) — for teaching;
 ``nonfinite-input``   one of the op's inputs already holds NaN / Inf (a program input:
                       ids are fine, but embeddings or audio features fed in may not be);
-``nonfinite-weight``  a weight, scale or bias the op reads is NaN / Inf in the checkpoint,
-                      or is finite in storage but past the compute dtype's range (a
-                      bfloat16 weight of 1e5 becomes Inf in float16);
+``nonfinite-weight``  a weight, scale or bias the op reads is NaN / Inf in the checkpoint
+                      (packed quantized data too: E8M0 scale 0xFF, E4M3 NaN codes), or is
+                      finite in storage but past the compute dtype's range (a bfloat16
+                      weight of 1e5 becomes Inf in float16);
 ``overflow``          inputs and weights finite, and the result is past the dtype's
                       range: the same op recomputed in float32 on the same inputs is
                       finite (its absmax is reported), or the output holds an infinity;

@@ -1,9 +1,14 @@
-"""Cheap per-op statistics, computed lazily on the device and evaluated in batches.
+"""Cheap per-op statistics, evaluated in batches (never one synchronisation per op).
 
-For every captured op the trace builds one small lazy array (:func:`packed`) holding
-min, max, sum and sum of squares of the output (in float32) and its number of exact
-zeros.  Nothing is evaluated per op: the trace evaluates the packed arrays of many ops
-with one ``mx.eval`` (:func:`finish`).
+The trace hands a batch of lazy op outputs to :class:`Pending`, which evaluates them
+with one ``mx.eval`` and reduces each to min, max, sum, sum of squares (in float32) and
+its number of exact zeros:
+
+* on the GPU, as lazy MLX reductions added to the same graph (:func:`packed`);
+* on the CPU, through zero-copy numpy views of the evaluated outputs
+  (:func:`host_packed`: vectorised passes over memory that is still in cache, BLAS dot
+  products for the sums), in a background thread; MLX's CPU reductions take a slower
+  pass per statistic.  ``tests/test_trace_program.py`` checks that both paths agree.
 
 Non-finite elements are counted per element (``isnan``, ``isposinf``, ``isneginf``),
 never inferred from a sum.  The float32 sum only decides *which* ops need counting: a
@@ -262,11 +267,6 @@ def evaluate(values: Sequence[mx.array], also: Sequence[mx.array] = (), host: bo
     (:func:`host_packed`): MLX's CPU reductions take one slower pass per statistic.
     """
     return Pending(values, also, background=False, host=host).result()
-
-
-def compute(values: Sequence[mx.array]) -> list[dict]:
-    """Stats dicts of several arrays (see :func:`evaluate`)."""
-    return evaluate(values)
 
 
 def nonfinite_counts(x: mx.array) -> tuple[int, int, int]:

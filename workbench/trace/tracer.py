@@ -104,7 +104,7 @@ def _snap(cache):
 
 
 def _snap_dict(obj) -> dict:
-    return {k: (copy.copy(v) if isinstance(v, (list, dict)) else v) for k, v in vars(obj).items()}
+    return _copy_state(vars(obj))
 
 
 def _restore(snap) -> None:
@@ -112,10 +112,10 @@ def _restore(snap) -> None:
         return
     for obj, d in snap:
         vars(obj).clear()
-        vars(obj).update(_snap_dict_from(d))
+        vars(obj).update(_copy_state(d))
 
 
-def _snap_dict_from(d: dict) -> dict:
+def _copy_state(d: dict) -> dict:
     return {k: (copy.copy(v) if isinstance(v, (list, dict)) else v) for k, v in d.items()}
 
 
@@ -127,7 +127,7 @@ def _clone(snap):
     for obj, d in snap:
         c = copy.copy(obj)
         vars(c).clear()
-        vars(c).update(_snap_dict_from(d))
+        vars(c).update(_copy_state(d))
         out.append(c)
     return out if len(out) != 1 else out[0]
 
@@ -471,7 +471,7 @@ class Trace:
         self._flush(wait=True)
         st = self._step_of(idx)
         if st.stats is None:
-            st.stats = _stats.compute([self.value(name)])[0]
+            st.stats = _stats.evaluate([self.value(name)])[0]
         return dict(st.stats)
 
     def _step_of(self, idx: int) -> Step:
@@ -523,7 +523,7 @@ class Trace:
         self._flush(wait=True)
         for s in self._steps:
             if s.stats is None:
-                s.stats = _stats.compute([self.value(s.name)])[0] if self._has_value(s.name) else None
+                s.stats = _stats.evaluate([self.value(s.name)])[0] if self._has_value(s.name) else None
             if s.stats is None:
                 # ran without statistics and the value is gone: check again from the start
                 self.reset()
