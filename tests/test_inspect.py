@@ -444,3 +444,26 @@ def test_python_api_equals_cli_json(tmp_path, capsys):
     assert main(["inspect", str(p), "--values", "--json"]) == 1
     assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(r.to_dict()))
     assert not r.ok and r.problems and all(hasattr(x, "code") for x in r.problems)
+
+
+@pytest.mark.parametrize("old,new,rule", [(b".layers.", b".blocks.", "'layers' -> 'blocks'"),
+                                          (b'"model.', b'"xfmr.', "an extra leading 'xfmr.'")])
+def test_systematic_renames_are_misnamed_not_missing(tmp_path, old, new, rule):
+    import struct
+
+    p = zoo.build("qwen3", tmp_path / "ck")
+    f = p / "model.safetensors"
+    raw = f.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    h = raw[8: 8 + n].replace(old, new)
+    h += b" " * ((8 - len(h) % 8) % 8)
+    f.write_bytes(struct.pack("<Q", len(h)) + h + raw[8 + n:])
+    r = workbench.inspect(p)
+    un = [x for x in r.problems if x.code == "unexpected-tensor"]
+    miss = [x for x in r.problems if x.code == "missing-tensor"]
+    assert len(un) >= 30 and len(miss) >= 30
+    assert all(x.suggestion for x in un) and all(x.suggestion for x in miss)
+    x = [u for u in un if u.tensor.endswith("1.self_attn.q_proj.weight")][0]
+    assert x.suggestion.endswith("layers.1.self_attn.q_proj.weight") and "misnamed" in x.message
+    assert any(rule in n and "misnamed, not missing" in n for n in r.notes)
+    assert "misnamed, not missing" in r.render()

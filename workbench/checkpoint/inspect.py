@@ -146,13 +146,29 @@ def _check_arch(cx: _Ctx, report: Report):
     for e in missing:
         if e.quantizable and e.name.endswith(".weight") and ck.quant_config.present:
             miss_names += [e.module + ".scales", e.module + ".biases"]
-    # misnamed vs missing: nearest expected name for every unexpected tensor
+    # misnamed vs missing: nearest expected name for every unexpected tensor (candidates from
+    # the same layer, so this stays fast on checkpoints with thousands of tensors)
+    def by_layer(names):
+        g = {}
+        for x in names:
+            g.setdefault(N.layer_of(x), []).append(x)
+        return g
+
+    miss_by, exp_by = by_layer(miss_names), by_layer(exp)
+    renamed, rules = _rename_matches(unexpected, miss_names)
+    if rules:
+        (a_, b_), cnt = rules.most_common(1)[0]
+        if cnt >= 3:
+            how = f"an extra leading {b_!r}" if not a_ else f"{a_!r} -> {b_!r} in the name"
+            report.notes.append(f"{cnt} unexpected tensors are expected ones renamed ({how}): misnamed, not missing")
     for n in unexpected:
         ti = present[n]
-        pool = miss_names or list(exp)
-        near = difflib.get_close_matches(n, pool, n=1, cutoff=0.75)
-        if not near and pool is miss_names:
-            near = difflib.get_close_matches(n, list(exp), n=1, cutoff=0.75)
+        lay = N.layer_of(n)
+        near = [renamed[n]] if n in renamed else []
+        if not near:
+            near = difflib.get_close_matches(n, miss_by.get(lay, []), n=1, cutoff=0.75)
+        if not near:
+            near = difflib.get_close_matches(n, exp_by.get(lay, []), n=1, cutoff=0.75)
         sug = cx.stored(near[0]) if near else None
         msg = f"{ti.source_name} ({ti.dtype} {list(ti.shape)}) is not a tensor of {a.family}"
         if near and near[0] in miss_names:
@@ -160,9 +176,11 @@ def _check_arch(cx: _Ctx, report: Report):
         elif near:
             msg += f"; nearest expected name: {sug}"
         cx.add("unexpected-tensor", "error", msg, tensor=ti.source_name, file=ti.file, suggestion=sug)
-    unexp_left = list(unexpected)
+    unexp_by = by_layer(unexpected)
+    renamed_back = {m: u for u, m in renamed.items()}
     for e in missing:
-        near = difflib.get_close_matches(e.name, unexp_left, n=1, cutoff=0.75)
+        near = [renamed_back[e.name]] if e.name in renamed_back else \
+            difflib.get_close_matches(e.name, unexp_by.get(e.layer, []), n=1, cutoff=0.75)
         sug = present[near[0]].source_name if near else None
         msg = f"{cx.stored(e.name)} ({list(e.shape)}) is missing"
         if sug:
@@ -321,6 +339,45 @@ def _check_towers(cx: _Ctx):
                     cx.add("missing-tensor", "warning",
                            f"{stack}.{i}.{suf} is absent, but {c} of the {n} layers of {stack} hold it "
                            f"({like.dtype} {list(like.shape)})", tensor=f"{stack}.{i}.{suf}", layer=None)
+
+
+def _rename_matches(unexpected, missing):
+    """Pair unexpected names with missing ones that differ in exactly one dotted component
+    (``layers`` -> ``blocks``, ``down_proj`` -> ``down_prj``) or by a leading prefix of one or
+    two components (``transformer.``). Linear time: every name is indexed once per component.
+    Returns ({unexpected: missing}, Counter({(expected_part, found_part): count}))."""
+    rules = Counter()
+    out = {}
+    if not unexpected or not missing:
+        return out, rules
+    index = {}
+    for m in missing:
+        t = m.split(".")
+        for i in range(len(t)):
+            if not t[i].isdigit():
+                index.setdefault((len(t), i, tuple(t[:i]), tuple(t[i + 1:])), []).append(m)
+    full = set(missing)
+    taken = set()
+    for u in unexpected:
+        t = u.split(".")
+        hit = None
+        for k in (1, 2):  # an extra leading prefix
+            if len(t) > k and ".".join(t[k:]) in full:
+                hit, rule = ".".join(t[k:]), ("", ".".join(t[:k]) + ".")
+                break
+        if hit is None:
+            for i in range(len(t)):
+                if t[i].isdigit():
+                    continue
+                c = index.get((len(t), i, tuple(t[:i]), tuple(t[i + 1:])))
+                if c and len(c) == 1:
+                    hit, rule = c[0], (c[0].split(".")[i], t[i])
+                    break
+        if hit is not None and hit not in taken:
+            out[u] = hit
+            taken.add(hit)
+            rules[rule] += 1
+    return out, rules
 
 
 def _shape_problem(cx, ti, want, quant=False):
