@@ -331,3 +331,20 @@ def test_position_patterns():
     e[0, :, 5] += 1.0
     prof = position_profile(r, e, 7)
     assert np.argmax(prof) == 5 and np.count_nonzero(prof) == 1
+
+
+def test_verdicts():
+    ref = _reference()
+    eng = {k: v.copy() for k, v in ref.items()}
+    eng["layers.0"] = eng["layers.0"] * 2  # over tolerance at op 4
+    r = compare_arrays(ref, eng)
+    assert r.verdict() is None  # no local errors known: nothing more to say
+    ops = {o.op: o for o in r.ops}
+    for o in r.ops:
+        o.local_nmse, o.local_cosine, o.local_diverged = 1e-7, 1.0, False
+    assert "no single op is wrong on its own" in r.verdict() and "--noise-floor" in r.verdict()
+    ops["layers.0.self_attn.q_proj"].local_nmse, ops["layers.0.self_attn.q_proj"].local_diverged = 5e-3, True
+    assert "the op that is itself wrong is layers.0.self_attn.q_proj" in r.verdict()  # earlier than op 4
+    ops["layers.0"].local_nmse, ops["layers.0"].local_diverged = 0.5, True
+    assert r.verdict().startswith("layers.0 is computed differently")
+    assert r.found

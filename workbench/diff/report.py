@@ -185,13 +185,19 @@ class DiffReport:
             return (f"{fd.op} is computed differently: fed the engine's own inputs, our op does not reproduce "
                     f"the engine's output (local nmse {fd.local_nmse:.3g}); look at this op")
         fl = self.first_local_divergence
+        drift = ("error accumulates (precision), or sits in an op whose inputs were not dumped"
+                 + ("" if self.noise_dtype else " (an engine computing in bfloat16/float16: try --noise-floor)"))
         if fd.local_diverged is False:
-            tail = (f"; the first op that is itself wrong is {fl.op} (local nmse {fl.local_nmse:.3g})" if fl else
-                    "; no single op is wrong on its own: error accumulates (precision), or sits in an op "
-                    "whose inputs were not dumped" + ("" if self.noise_dtype else
-                                                      " (an engine computing in bfloat16/float16: try --noise-floor)"))
-            return (f"{fd.op} is right on the engine's inputs (local nmse {fd.local_nmse:.3g}): the error "
-                    "came in upstream" + tail)
+            head = f"{fd.op} is right on the engine's inputs (local nmse {fd.local_nmse:.3g}): the error came in upstream"
+            if fl is None:
+                return head + "; no single op is wrong on its own: " + drift
+            if fl.index < fd.index:
+                return head + f"; the op that is itself wrong is {fl.op} (local nmse {fl.local_nmse:.3g}); look at it"
+            return head + f"; {drift}; later, {fl.op} is itself wrong (local nmse {fl.local_nmse:.3g})"
+        if fl is not None:  # the first divergence's own inputs were not all dumped
+            where = "before" if fl.index < fd.index else "after"
+            return (f"the first op found wrong on the engine's own inputs is {fl.op} ({where} the first divergence; "
+                    f"local nmse {fl.local_nmse:.3g}); {fd.op}'s inputs were not all dumped")
         return None
 
     def to_dict(self) -> dict[str, Any]:
