@@ -293,3 +293,15 @@ def test_many_small_evaluation_batches_give_the_same_trace():
     assert np.array_equal(np.array(t.logits), np.array(one.logits))
     for n in one.ops:
         assert t.stats(n) == one.stats(n)
+
+
+def test_statistics_of_strided_and_broadcast_outputs():
+    x = mx.arange(24, dtype=mx.float32).reshape(2, 3, 4) - 5
+    cases = [x.transpose(0, 2, 1), mx.broadcast_to(mx.array([1.0, 0.0, -3.0]), (4, 3)), x[:, 1:, ::2],
+             x.astype(mx.bfloat16).transpose(2, 1, 0)]
+    for c in cases:
+        ref = np.array(c.astype(mx.float32), dtype=np.float64)
+        for st in (S.evaluate([c], host=True)[0], S.evaluate([c], host=False)[0]):
+            assert (st["min"], st["max"]) == (ref.min(), ref.max())
+            assert st["mean"] == pytest.approx(ref.mean()) and st["std"] == pytest.approx(ref.std())
+            assert st["zero_frac"] == pytest.approx((ref == 0).mean())
