@@ -347,3 +347,16 @@ def test_error_by_token_position(tmp_path, bug, op, pattern):
     assert pattern in r.summary()
     clean = compare(model, dump(model, ids=IDS).values, ids=IDS)
     assert all(max(o.position_error) == 0 for o in clean.ops if o.position_error is not None)
+
+
+def test_dump_with_a_prompt(ckpt, tmp_path, capsys):
+    out = tmp_path / "p.safetensors"
+    assert main(["dump", str(ckpt), "--prompt", "the quick brown fox", "--out", str(out), "--json",
+                 "--ops", "layers.*.mlp.down_proj,logits"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    model = workbench.load(ckpt)
+    assert summary["ids"] == model.encode("the quick brown fox") and summary["ids"]
+    assert summary["names"] == [f"layers.{i}.mlp.down_proj" for i in range(model.num_layers)] + ["logits"]
+    values, meta = read_dump(out)
+    assert json.loads(meta["workbench.ids"]) == summary["ids"]
+    assert values["logits"].shape == (1, len(summary["ids"]), model.vocab_size)
