@@ -662,8 +662,10 @@ def inspect(path, values: bool = False, *, tensors: bool = False, progress=None,
             d = {"name": name, "canonical": (canon_of.get(name) or [None])[0] if ti.component == "language_model"
                  else None, "component": ti.component, "file": ti.file, "offset": ti.offset, "dtype": ti.dtype,
                  "shape": list(ti.shape), "nbytes": ti.nbytes}
-            if name in qinfo:
-                d["quantization"] = qinfo[name][0].to_dict()
+            cn = d["canonical"]
+            spec = ck.quant_of(cn[: -len(".weight")]) if cn and cn.endswith(".weight") and ti.dtype == "U32" else None
+            if spec is not None:
+                d["quantization"] = spec.to_dict()
             if values:
                 s = stats.get(name)
                 d["stats"] = s.to_dict() if s is not None else None
