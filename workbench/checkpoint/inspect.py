@@ -46,6 +46,7 @@ class Report:
     files: list = field(default_factory=list)
     total_bytes: int = 0
     grid: dict | None = None  # {"columns": [...], "rows": {layer: {column: status}}}
+    list_tensors: bool = False  # --tensors: the readable report lists every tensor
     notes: list = field(default_factory=list)
 
     @property
@@ -653,6 +654,7 @@ def inspect(path, values: bool = False, *, tensors: bool = False, progress=None,
     qinfo = {}
     if values:
         stats, qinfo = _scan_values(cx, report, progress, chunk_bytes or CHUNK_BYTES)
+    report.list_tensors = bool(tensors)
     if values or tensors:
         canon_of = {}
         for cn, ti in ck._canon.items():
@@ -736,6 +738,19 @@ def render(r: Report, color: bool = False) -> str:
             i = j + 1
     for n in r.notes[:5]:
         out.append(f"  note: {n}")
+    if r.list_tensors and r.tensors:
+        out.append(f"  tensors ({len(r.tensors)}):")
+        for t in r.tensors:
+            q = t.get("quantization")
+            qs = f" {q['mode']} {q['bits']}-bit g{q['group_size']}" if q else ""
+            line = f"    {t['name']}  {t['dtype']} {t['shape']}{qs}  {t['file']} @ {t['offset']}"
+            st = t.get("stats")
+            if st and st["min"] is not None:
+                line += (f"  min {st['min']:.4g} max {st['max']:.4g} mean {st['mean']:.4g} std {st['std']:.4g}"
+                         f" NaN {st['nan']} +Inf {st['posinf']} -Inf {st['neginf']} zeros {100 * st['zero_fraction']:.1f}%")
+            elif st:
+                line += f"  no finite values: NaN {st['nan']} +Inf {st['posinf']} -Inf {st['neginf']}"
+            out.append(line)
     if r.tensors and any("stats" in t for t in r.tensors):
         scanned = [t for t in r.tensors if t.get("stats")]
         bad = [t for t in scanned if t["stats"]["nan"] + t["stats"]["posinf"] + t["stats"]["neginf"]]
