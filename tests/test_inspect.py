@@ -473,7 +473,7 @@ def test_readable_tensor_listing(tmp_path, capsys):
     p = zoo.build("llama", tmp_path / "ck", quant="affine8")
     assert main(["inspect", str(p), "--tensors"]) == 0
     out = capsys.readouterr().out
-    assert "tensors (" in out and "model.layers.2.mlp.up_proj.weight  U32 [128, 32] affine 8-bit g64" in out
+    assert "tensors (" in out and "model.layers.2.mlp.up_proj.weight  U32 [128, 16] affine 8-bit g64" in out
     assert main(["inspect", str(p), "--tensors", "--values", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "model.norm.weight  BF16 [64]" in out and "NaN 0 +Inf 0 -Inf 0" in out
