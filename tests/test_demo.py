@@ -1,0 +1,163 @@
+"""The embedded demo model (assets/demo, demo-4bit, demo-moe): layout, loading through
+workbench.load, expected completions, held-out eval threshold, quantized copy, MoE,
+the named attention heads, and the `workbench demo` command."""
+from __future__ import annotations
+
+import json
+
+import workbench  # noqa: F401  (fast BLAS before mlx.core)
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from workbench.cli import main as cli_main
+from workbench.demo import corpus, paths
+from workbench.demo.evaluate import THRESHOLD, evaluate
+from workbench.demo.loading import load_demo, load_mlx_lm
+from workbench.demo.tokenizer import EOS_ID
+
+@pytest.fixture(scope="module")
+def demo():
+    return load_demo(paths.DEMO)
+
+
+@pytest.fixture(scope="module")
+def demo_ref():
+    return load_demo(paths.DEMO, loader="mlx-lm")
+
+
+def test_assets_are_a_small_standard_gemma4_checkpoint():
+    cfg = json.loads((paths.DEMO / "config.json").read_text())
+    assert cfg["model_type"] == "gemma4_text"
+    assert cfg["num_hidden_layers"] >= 4
+    assert {"sliding_attention", "full_attention"} == set(cfg["layer_types"])
+    assert cfg["hidden_size_per_layer_input"] > 0
+    for d in (paths.DEMO, paths.DEMO_4BIT, paths.DEMO_MOE):
+        for f in ("config.json", "model.safetensors", "tokenizer.json"):
+            assert (d / f).is_file(), d / f
+    total = sum(f.stat().st_size for d in (paths.DEMO, paths.DEMO_4BIT, paths.DEMO_MOE) for f in d.iterdir())
+    assert total < 10e6, f"assets/ demo checkpoints take {total / 1e6:.1f} MB"
+    # standard MLX layout: prefixed names, bfloat16, per-layer embeddings present
+    w = mx.load(str(paths.DEMO / "model.safetensors"))
+    assert "model.embed_tokens_per_layer.weight" in w
+    assert "model.layers.0.self_attn.q_proj.weight" in w
+    assert w["model.embed_tokens.weight"].dtype == mx.bfloat16
+
+
+def test_tokenizer_is_reproducible():
+    from workbench.demo.tokenizer import train_tokenizer
+
+    tok = train_tokenizer(corpus.tokenizer_text(), vocab_size=640)
+    shipped = json.loads((paths.DEMO / "tokenizer.json").read_text())
+    assert json.loads(tok.to_str()) == shipped
+
+
+def test_loads_through_workbench_load_like_mlx_lm(demo, demo_ref):
+    assert demo.loader == "workbench.load"
+    ids = mx.array([demo.tokenizer.encode(e.text).ids for e in corpus.heldout(4)[:1]])
+    ours = demo.forward(ids).astype(mx.float32)
+    ref = demo_ref.forward(ids).astype(mx.float32)
+    assert ours.shape == ref.shape
+    # both compute in bfloat16: agree to bf16 rounding, and on every argmax
+    assert float(mx.max(mx.abs(ours - ref))) < 0.25
+    assert mx.array_equal(mx.argmax(ours, -1), mx.argmax(ref, -1))
+
+
+@pytest.mark.parametrize("prompt,expected", [
+    ("apple river stone cloud tree |", " apple river stone cloud tree ."),
+    ("king moon fox bread sea ship owl |", " king moon fox bread sea ship owl ."),
+    ("anna red ball . tom blue cup . mia green hat . tom", " blue cup ."),
+    ("leo gold kite . ivy pink drum . sam white sock . zoe black bell . emma gray fish . leo", " gold kite ."),
+])
+def test_generates_expected_completions(demo, prompt, expected):
+    ids = demo.tokenizer.encode(prompt).ids
+    out = demo.generate(ids, 16)
+    assert demo.tokenizer.decode(out) == expected
+
+
+def test_eval_passes_threshold(demo):
+    res = evaluate(demo.forward, demo.tokenizer)
+    assert set(res.n) == set(corpus.TASKS) and all(n == 100 for n in res.n.values())
+    assert res.passed, res.to_dict()
+    assert min(res.accuracy.values()) >= THRESHOLD
+
+
+def test_eval_can_fail():
+    """The eval is not a rubber stamp: a model that always says <eos> scores 0."""
+    from workbench.demo.tokenizer import train_tokenizer
+
+    tok = train_tokenizer(corpus.tokenizer_text(), vocab_size=640)
+
+    def forward(ids):
+        logits = mx.zeros((*ids.shape, tok.get_vocab_size()))
+        return logits + (mx.arange(tok.get_vocab_size()) == EOS_ID)
+
+    res = evaluate(forward, tok, corpus.heldout(5))
+    assert res.overall == 0.0 and not res.passed
+    assert len(res.failures) == 10
+
+
+def test_4bit_copy_inspects_clean_and_stays_close(demo):
+    cfg = json.loads((paths.DEMO_4BIT / "config.json").read_text())
+    assert cfg["quantization"]["bits"] == 4 and cfg["quantization"].get("mode", "affine") == "affine"
+    rep = workbench.inspect(paths.DEMO_4BIT)
+    assert rep.ok, rep.to_dict()
+    q = load_demo(paths.DEMO_4BIT)
+    exs = corpus.heldout(10)
+    agree = total = 0
+    for e in exs:
+        ids = mx.array([demo.tokenizer.encode(e.text).ids])
+        a = demo.forward(ids).astype(mx.float32)
+        b = q.forward(ids).astype(mx.float32)
+        agree += int(mx.sum(mx.argmax(a, -1) == mx.argmax(b, -1)))
+        total += ids.shape[1]
+        pa, pb = mx.softmax(a, -1), mx.softmax(b, -1)
+        # total variation between next-token distributions stays small
+        assert float(mx.max(0.5 * mx.sum(mx.abs(pa - pb), -1))) < 0.35
+    assert agree / total >= 0.9
+    res = evaluate(q.forward, q.tokenizer)
+    assert res.passed, res.to_dict()
+
+
+def test_4bit_loads_in_mlx_lm_like_workbench():
+    q = load_demo(paths.DEMO_4BIT)
+    ref, _ = load_mlx_lm(paths.DEMO_4BIT)
+    ids = mx.array([q.tokenizer.encode("apple river stone | apple river").ids])
+    a, b = q.forward(ids).astype(mx.float32), ref(ids).astype(mx.float32)
+    assert mx.array_equal(mx.argmax(a, -1), mx.argmax(b, -1))
+    assert float(mx.max(mx.abs(a - b))) < 0.25
+
+
+def test_moe_variant_loads_and_matches_mlx_lm():
+    cfg = json.loads((paths.DEMO_MOE / "config.json").read_text())
+    assert cfg["enable_moe_block"] and cfg["num_experts"] > cfg["top_k_experts"] >= 1
+    m = load_demo(paths.DEMO_MOE)
+    ref, _ = load_mlx_lm(paths.DEMO_MOE)
+    ids = mx.array([m.tokenizer.encode(corpus.heldout(1)[1].text).ids])
+    a, b = m.forward(ids).astype(mx.float32), ref(ids).astype(mx.float32)
+    assert mx.array_equal(mx.argmax(a, -1), mx.argmax(b, -1))
+    assert float(mx.max(mx.abs(a - b))) < 0.25
+    assert workbench.inspect(paths.DEMO_MOE).ok
+
+
+def test_cli_demo_generates(capsys):
+    assert cli_main(["demo", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["path"] == str(paths.DEMO) and out["loader"] == "workbench.load"
+    assert out["completion"] == " river stone cloud tree ."
+
+
+def test_cli_demo_eval(capsys):
+    assert cli_main(["demo", "--eval", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["eval"]["passed"] and out["eval"]["overall"] >= THRESHOLD
+
+
+def test_cli_demo_bad_path(tmp_path, capsys):
+    assert cli_main(["demo", "--path", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nowhere" in err[0]
+    (tmp_path / "config.json").write_text("{not json")
+    assert cli_main(["demo", "--path", str(tmp_path)]) == 2
+    assert "config.json" in capsys.readouterr().err
