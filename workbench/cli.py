@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("workbench.checkpoint.cli", "check a checkpoint against its config: missing/misnamed tensors, shapes, quantization, files"),
     "hazards": ("workbench.buffers.cli", "check a recorded dispatch schedule for buffer aliasing hazards"),
     "lab": ("workbench.lab", "open JupyterLab on the workbench notebooks"),
+    "demo": ("workbench.demo.command", "the embedded demo model: where it is, a greedy generation, --eval accuracy, --heads"),
     "dump": ("workbench.diff.cli_dump", "write the reference's activations (float32, by op name) to safetensors"),
     "diff": ("workbench.diff.cli_diff", "compare an engine's activation dump with the reference: first divergence"),
     "hunt": ("workbench.trace.cli", "find the first op whose output holds NaN or Inf, and why (overflow, invalid, bad weight, bad input)"),
