@@ -167,3 +167,11 @@ def test_nvfp4_global_scale_from_converter(tmp_path):
     assert ("quantization-mismatch", "model.layers.0.experts.switch_glu.up_proj.weight") in \
         {(p.code, p.tensor) for p in r.problems}
     assert cfg["quantization"]["model.layers.0.experts.switch_glu.up_proj"]["global_scale"] is True
+
+
+def test_rebuild_leaves_no_stale_shards(tmp_path):
+    zoo.build("llama", tmp_path / "x", shards=3)
+    p = zoo.build("llama", tmp_path / "x")
+    assert sorted(f.name for f in p.glob("*.safetensors")) == ["model.safetensors"]
+    assert not (p / "model.safetensors.index.json").exists()
+    assert not open_checkpoint(p).problems

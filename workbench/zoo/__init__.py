@@ -297,6 +297,9 @@ def build(arch: str, dest, *, quant: str | None = None, layout: str = "mlx", sha
 
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
+    for old in [*dest.glob("*.safetensors"), dest / "model.safetensors.index.json"]:
+        if old.is_file():  # a rebuild into the same folder leaves no stale shard behind
+            old.unlink()
     config = base_config(arch)
     multimodal = "text_config" in config
     tc = config["text_config"] if multimodal else config
