@@ -200,3 +200,17 @@ def test_bad_inputs_are_clear(g4):
         t.stats("layers.99.nothing")
     with pytest.raises(TraceError, match="has not reached"):
         t.logits
+
+
+def test_per_token_view(g4):
+    t = workbench.trace(g4, IDS, capture="stats",
+                        interventions=[inject("layers.1.mlp.up_proj", float("inf"), index=(0, 4, 2))])
+    t.run()
+    pt = t.per_token("layers.1.mlp.up_proj")  # not captured: recomputed, with the intervention
+    assert pt["nonfinite"].shape == (1, len(IDS)) and pt["nonfinite"].tolist()[0] == [0, 0, 0, 0, 1] + [0] * 5
+    sc = t.per_token("layers.0.self_attn.scores")  # heads-first: token axis 2
+    assert sc["absmax"].shape == (1, len(IDS)) and np.all(sc["nonfinite"] == 0)
+    full = workbench.trace(g4, IDS, capture="full")
+    full.run()
+    v = np.abs(np.array(full.value("layers.2")))[0].max(-1)
+    np.testing.assert_allclose(full.per_token("layers.2")["absmax"][0], v, rtol=1e-6)

@@ -497,6 +497,32 @@ class Trace:
             return v[0]
         return v
 
+    def per_token(self, name: str, axis: int | None = None) -> dict:
+        """Per-position view of an op's output: ``{"absmax": [B, T], "nonfinite": [B, T]}``
+        (numpy; absmax over finite elements), to see which token goes out of range.
+
+        The token axis defaults to 2 for 4-D outputs under ``self_attn`` (heads-first
+        ``[B, H, T, ...]``: q/k/v heads, scores, softmax) and to 1 otherwise (``[B, T, ...]``,
+        MoE ``[B, T, k, D]``); pass ``axis`` to override.  Uses the captured value, else
+        recomputes the op."""
+        idx = self._check_name(name)
+        if idx >= self.position:
+            raise KeyError(f"op {name!r} has not run yet (it is op {idx}; the trace is at {self.position})")
+        try:
+            v = self.value(name)
+        except KeyError:
+            v = self.recompute(name, interventions=True)
+        if v.ndim < 2:
+            raise ValueError(f"op {name!r} has shape {tuple(v.shape)}: no token axis")
+        if axis is None:
+            axis = 2 if (v.ndim == 4 and ".self_attn." in name) else 1
+        x = mx.moveaxis(v.astype(mx.float32), axis, 1)
+        x = x.reshape(x.shape[0], x.shape[1], -1)
+        fin = mx.isfinite(x)
+        absmax = mx.where(fin, mx.abs(x), 0).max(axis=-1)
+        bad = mx.logical_not(fin).sum(axis=-1)
+        return {"absmax": np.array(absmax), "nonfinite": np.array(bad)}
+
     def records(self) -> list[dict]:
         """One JSON-able dict per executed step (for tables, plots and widgets)."""
         self._flush(wait=True)
