@@ -17,7 +17,7 @@ import numpy as np
 
 from workbench.checkpoint.sfile import DTYPE_BITS
 
-READAHEAD = 64 << 20  # bytes the kernel is asked to prefetch ahead of the reader
+READAHEAD = 8 << 20  # bytes the kernel is asked to prefetch ahead of the reader (0: none)
 CHUNK_BYTES = 4 << 20  # read size; statistics run on cache-sized pieces of it
 
 _BF16 = {"BF16"}
@@ -260,7 +260,7 @@ class ChunkReader:
             try:
                 with open(self.path, "rb", buffering=0) as f:
                     ahead = 0  # the kernel reads this far ahead asynchronously (posix_fadvise WILLNEED)
-                    advise = getattr(os, "posix_fadvise", None)
+                    advise = getattr(os, "posix_fadvise", None) if READAHEAD else None
                     if advise:
                         try:
                             advise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
