@@ -179,3 +179,10 @@ def test_nan_scale_of_an_mxfp4_weight(tmp_path):
     (sc,) = [w for w in f.weights if w["name"].endswith(".scales")]
     assert sc["nan"] == 1
     assert workbench.trace.hunt(workbench.load(src), IDS, dtype="float32").finding is None
+
+
+def test_cli_names_the_op_that_cannot_run(tmp_path, capsys):
+    path = zoo.build("llama", tmp_path / "bad", broken="shape-mismatch", dtype="float32")
+    rc, _, err = run_cli("hunt", str(path), "--ids", "2,3,4", capsys=capsys)
+    assert rc == 2 and "failed on" in err and "Traceback" not in err
+    assert "op 'layers." in err and len(err.strip().splitlines()) == 1

@@ -305,3 +305,11 @@ def test_statistics_of_strided_and_broadcast_outputs():
             assert (st["min"], st["max"]) == (ref.min(), ref.max())
             assert st["mean"] == pytest.approx(ref.mean()) and st["std"] == pytest.approx(ref.std())
             assert st["zero_frac"] == pytest.approx((ref == 0).mean())
+
+
+def test_a_failing_op_is_named():
+    bad = Op("layers.1.bad", "linear", lambda c, h: h @ mx.zeros((7, 3)), ("layers.1",), ("w_bad",), 1)
+    t = _with(bad)
+    with pytest.raises(TraceError, match=r"op 'layers.1.bad' \(linear, op 7\) failed on layers.1 \[3, 16\] float32 "
+                                         r"reading w_bad"):
+        t.run()

@@ -268,7 +268,12 @@ class Trace:
             args = [env[s] for s in op.inputs]
         except KeyError as e:  # pragma: no cover - guarded by Program invariants
             raise TraceError(f"op {op.name!r} needs {e.args[0]!r}, which is not available") from None
-        out = op.fn(self.ctx, *args)
+        try:
+            out = op.fn(self.ctx, *args)
+        except Exception as e:  # name the op (MLX raises shape errors while building the graph)
+            shapes = ", ".join(f"{s} {list(a.shape)} {_dtype_str(a.dtype)}" for s, a in zip(op.inputs, args))
+            raise TraceError(f"op {op.name!r} ({op.kind}, op {i}) failed on {shapes or 'no inputs'}"
+                             f"{' reading ' + ', '.join(op.params) if op.params else ''}: {e}") from e
         labels = ()
         ivs = self._iv_by_op.get(op.name)
         if ivs:
