@@ -360,3 +360,33 @@ def test_dump_with_a_prompt(ckpt, tmp_path, capsys):
     values, meta = read_dump(out)
     assert json.loads(meta["workbench.ids"]) == summary["ids"]
     assert values["logits"].shape == (1, len(summary["ids"]), model.vocab_size)
+
+
+def test_engine_weights_against_the_checkpoint(tmp_path, capsys):
+    """Weights an engine dumps next to its activations are compared with the checkpoint's (dequantized)."""
+    from workbench.diff import run_reference
+    from workbench.plots import weight_values
+    ck = zoo.build("qwen3", tmp_path / "q4", quant="affine4")
+    model = workbench.load(ck)
+    eng = dict(run_reference(model, ids=IDS).values)
+    eng["blk.0.ffn_down.weight"] = weight_values(model, "layers.0.mlp.down_proj")  # as loaded: fine
+    eng["blk.0.attn_q.weight"] = weight_values(model, "layers.0.self_attn.q_proj").T.copy()  # stored transposed: fine
+    up = weight_values(model, "layers.1.mlp.up_proj")
+    eng["blk.1.ffn_up.weight"] = np.round(up * 20) / 20  # a wrong dequantization
+    rules = [[r"^blk\.(\d+)\.ffn_down\.", r"layers.\1.mlp.down_proj."], [r"^blk\.(\d+)\.attn_q\.", r"layers.\1.self_attn.q_proj."],
+             [r"^blk\.(\d+)\.ffn_up\.", r"layers.\1.mlp.up_proj."]]
+    r = compare(model, eng, ids=IDS, rules=rules)
+    by = {w.name: w for w in r.weights}
+    assert set(by) == {"layers.0.mlp.down_proj.weight", "layers.0.self_attn.q_proj.weight", "layers.1.mlp.up_proj.weight"}
+    assert by["layers.0.mlp.down_proj.weight"].status == "ok" and by["layers.0.mlp.down_proj.weight"].nmse == 0
+    assert by["layers.0.self_attn.q_proj.weight"].status == "ok" and "transposed" in by["layers.0.self_attn.q_proj.weight"].layout
+    assert by["layers.1.mlp.up_proj.weight"].status == "diverged"
+    assert r.first_divergence is None and r.found and r.first_weight_mismatch.name == "layers.1.mlp.up_proj.weight"
+    assert "layers.1.mlp.up_proj.weight differs from the checkpoint" in r.verdict()
+    assert r.unmatched_engine == []  # weights are not "unmatched"
+    np.savez(tmp_path / "e.npz", **eng)
+    (tmp_path / "r.json").write_text(json.dumps(rules))
+    rc = main(["diff", str(ck), str(tmp_path / "e.npz"), "--ids", ",".join(map(str, IDS)), "--map", str(tmp_path / "r.json"),
+               "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 1 and out["first_weight_mismatch"] == "layers.1.mlp.up_proj.weight" and len(out["weights"]) == 3

@@ -12,10 +12,11 @@ from workbench.diff.metrics import Tolerance, error_metrics
 from workbench.diff.naming import RulesError, apply_rules, compile_rules, load_rules
 from workbench.diff.readers import DumpError, read_dump, write_dump
 from workbench.diff.report import DiffError, DiffReport, OpDiff, compare_arrays
+from workbench.diff.weights import WeightDiff, compare_weights, weight_values
 
 __all__ = [
     "compare", "dump", "run_reference", "Reference", "is_reference_dump", "compare_arrays",
     "DiffReport", "OpDiff", "Tolerance", "error_metrics", "reconcile", "LayoutError",
     "compile_rules", "load_rules", "apply_rules", "RulesError", "read_dump", "write_dump",
-    "DumpError", "DiffError",
+    "DumpError", "DiffError", "WeightDiff", "compare_weights", "weight_values",
 ]

@@ -12,7 +12,9 @@ import numpy as np
 from workbench.diff import readers
 from workbench.diff.metrics import Tolerance, error_metrics, local_diverged
 from workbench.diff.naming import Rules, compile_rules, load_rules
+from workbench.diff.naming import apply_rules
 from workbench.diff.report import DiffError, DiffReport, compare_arrays, match_names, to_numpy
+from workbench.diff.weights import compare_weights, is_checkpoint_tensor
 
 
 @dataclass
@@ -305,6 +307,19 @@ def local_errors(report: DiffReport, model: Any, aligned: Mapping[str, np.ndarra
     return n
 
 
+def _split_weights(model: Any, eng: dict, rules, op_names) -> dict:
+    """Take out of ``eng`` the tensors whose renamed name is a checkpoint tensor, not an op."""
+    ops = set(op_names)
+    weights = {}
+    for en in list(eng):
+        name = apply_rules(en, rules)
+        if name not in ops and is_checkpoint_tensor(model, name):
+            if name in weights:
+                raise DiffError(f"engine tensors {weights[name][0]!r} and {en!r} both map to weight {name!r}")
+            weights[name] = (en, to_numpy(eng.pop(en)))
+    return weights
+
+
 def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[int] | None = None,
             rules: Any = None, tolerance: Tolerance | dict | None = None, dtype: str | None = None,
             noise_floor: str | None = None, local: bool = True) -> DiffReport:
@@ -350,20 +365,24 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
             matched, _, _ = match_names(eng.keys(), [n for n in model.order if n in model.values], rules)
             noise = run_reference(model.model, ids=model.ids, ops=list(matched) or None, dtype=noise_floor).values
         aligned: dict = {}
-        topk = None
+        topk, loaded, weights = None, None, {}
         if model.model and os.path.exists(model.model):
-            topk = topk_dependents(_load_model(model.model, None).program)
+            loaded = _load_model(model.model, None)
+            topk = topk_dependents(loaded.program)
+            weights = _split_weights(loaded, eng, rules, model.order)
         report = compare_arrays(model.values, eng, order=model.order, rules=rules, tolerance=tolerance,
                                 inputs=model.inputs, noise=noise, noise_dtype=noise_floor, aligned=aligned,
                                 topk=topk, tokens=len(model.ids) if model.ids else None)
-        if local and model.model and os.path.exists(model.model) and model.ids:
-            local_errors(report, _load_model(model.model, None), aligned, model.ids,
-                         dtype=model.dtype, dtypes=model.dtypes)
+        if weights:
+            report.weights = compare_weights(loaded, weights, report.tolerance)
+        if local and loaded is not None and model.ids:
+            local_errors(report, loaded, aligned, model.ids, dtype=model.dtype, dtypes=model.dtypes)
         return report
     m = _load_model(model, dtype)
     program = m.program
     if prompt is None and ids is None and readers.META_IDS in emeta:
         ids = json.loads(emeta[readers.META_IDS])
+    weights = _split_weights(m, eng, rules, program.names)
     matched, _, _ = match_names(eng.keys(), program.names, rules)
     values: dict = {}
     noise = None
@@ -379,6 +398,8 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
                             inputs={op.name: tuple(op.inputs) for op in program.ops}, noise=noise,
                             noise_dtype=noise_floor, aligned=aligned, topk=topk_dependents(program),
                             tokens=len(token_ids))
+    if weights:
+        report.weights = compare_weights(m, weights, report.tolerance)
     if local and matched:
         local_errors(report, m, aligned, token_ids, dtype=dtype, dtypes=dtypes)
     return report

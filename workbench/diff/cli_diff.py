@@ -48,7 +48,7 @@ def run(args) -> int:
     with common.usage_errors():
         report = compare(args.path, args.engine_dump, prompt=prompt, ids=ids, rules=args.map,
                          tolerance=tol, dtype=args.dtype, noise_floor=args.noise_floor, local=args.local)
-    if report.compared == 0 and report.first_divergence is None:
+    if report.compared == 0 and report.first_divergence is None and not report.weights:
         hint = ", ".join(f"{n} (closest op: {report.suggestions[n]})" if n in report.suggestions else n
                          for n in report.unmatched_engine[:5])
         raise common.UsageError(f"{args.engine_dump}: none of its {len(report.unmatched_engine)} tensors maps to an op "

@@ -122,6 +122,7 @@ class DiffReport:
     suggestions: dict[str, str] = field(default_factory=dict)  # unmatched engine name -> closest op name
     inputs: dict[str, tuple[str, ...]] = field(default_factory=dict)  # op -> the ops it reads (from the program)
     noise_dtype: str | None = None  # the dtype of the noise-floor run, if the limits were calibrated
+    weights: list = field(default_factory=list)  # WeightDiff: engine tensors named like checkpoint tensors
 
     @property
     def first_divergence(self) -> OpDiff | None:
@@ -133,8 +134,15 @@ class DiffReport:
 
     @property
     def found(self) -> bool:
-        """A divergence, or an op that is wrong on the engine's own inputs (CLI exit status 1)."""
-        return self.first_divergence is not None or self.first_local_divergence is not None
+        """A divergence, an op wrong on the engine's own inputs, or a weight unlike the checkpoint's
+        (CLI exit status 1)."""
+        return (self.first_divergence is not None or self.first_local_divergence is not None
+                or self.first_weight_mismatch is not None)
+
+    @property
+    def first_weight_mismatch(self):
+        """The first engine weight (checkpoint order) that differs from the checkpoint's, or None."""
+        return next((w for w in self.weights if w.is_mismatch), None)
 
     @property
     def first_local_divergence(self) -> OpDiff | None:
@@ -166,7 +174,15 @@ class DiffReport:
         return d
 
     def verdict(self) -> str | None:
-        """One sentence on where the bug is, from the global and local errors."""
+        """One sentence on where the bug is, from the global and local errors (and the weights)."""
+        v = self._verdict()
+        fw = self.first_weight_mismatch
+        if fw is not None:
+            w = f"the engine's {fw.name} differs from the checkpoint's ({fw.reasons[0] if fw.reasons else fw.status})"
+            return w if v is None else f"{w}. {v}"
+        return v
+
+    def _verdict(self) -> str | None:
         fd = self.first_divergence
         if fd is None:
             fl = self.first_local_divergence
@@ -211,6 +227,9 @@ class DiffReport:
             "noise_dtype": self.noise_dtype,
             "first_local_divergence": (None if self.first_local_divergence is None else
                                        self.first_local_divergence.op),
+            "weights": [w.to_dict() for w in self.weights],
+            "first_weight_mismatch": (None if self.first_weight_mismatch is None else
+                                      self.first_weight_mismatch.name),
             "verdict": self.verdict(),
             "renamed": dict(self.renamed),
             "suggestions": dict(self.suggestions),
@@ -259,6 +278,12 @@ class DiffReport:
         rest = len(ops) - start - max_ops
         if rest > 0:
             lines.append(f"       ... {rest} more ops")
+        if self.weights:
+            bad = [w for w in self.weights if w.status != "ok"]
+            lines.append(f"engine weights against the checkpoint: {len(self.weights)} compared, "
+                         + (f"{len(bad)} differ:" if bad else "all match"))
+            for w in bad[:10]:
+                lines.append(f"  {w.name} (engine {w.engine_name!r}): {w.status}; " + "; ".join(w.reasons))
         if self.unmatched_engine:
             lines.append(f"engine tensors matching no op ({len(self.unmatched_engine)}): "
                          + ", ".join(n + (f" (closest op: {self.suggestions[n]})" if n in self.suggestions else "")

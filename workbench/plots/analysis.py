@@ -14,6 +14,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from workbench.diff.weights import weight_values  # noqa: F401  (re-exported: plots.weight_values)
+
 _RESID = re.compile(r"^layers\.(\d+)$")
 
 
@@ -221,28 +223,3 @@ def logit_lens(model: Any, source: Any = None, positions: Sequence[int] | None =
         tokens = [decode(ids[p]) if p < len(ids) else "" for p in positions]
     return LogitLens(layers=layers, positions=positions, top_ids=np.stack(top_ids), top_probs=np.stack(top_p),
                      entropy=np.stack(ent), final_ids=final, final_rank=ranks, tokens=tokens, decode=decode)
-
-
-def weight_values(model: Any, name: str) -> np.ndarray:
-    """A checkpoint weight as float32 numpy, dequantized when the checkpoint packs it.
-
-    ``name``: a tensor (``layers.0.mlp.up_proj.weight``) or a module
-    (``layers.0.mlp.up_proj``, meaning its ``.weight``); ``model``: a loaded model (or
-    anything with ``.checkpoint``).
-    """
-    import mlx.core as mx
-
-    ck = getattr(model, "checkpoint", model)
-    tensor = name if name.endswith((".weight", ".bias", ".scales", ".biases")) or name in ck else name + ".weight"
-    if tensor not in ck:
-        raise KeyError(f"the checkpoint has no tensor {tensor!r}")
-    arr = ck.load(tensor)
-    if tensor.endswith(".weight") and not mx.issubdtype(arr.dtype, mx.floating):
-        module = tensor[: -len(".weight")]
-        spec = ck.quant_of(module) if hasattr(ck, "quant_of") else None
-        if spec is None or f"{module}.scales" not in ck:
-            raise ValueError(f"{tensor} is stored as {arr.dtype} without a quantization to undo")
-        biases = ck.load(f"{module}.biases") if spec.has_biases and f"{module}.biases" in ck else None
-        arr = mx.dequantize(arr, ck.load(f"{module}.scales"), biases, group_size=spec.group_size,
-                            bits=spec.bits, mode=spec.mode)
-    return np.array(arr.astype(mx.float32))

@@ -1,0 +1,121 @@
+"""Weights in an engine dump, compared with the checkpoint's.
+
+Engines often dump the weights they loaded next to their activations.  A tensor whose
+(renamed) name is a checkpoint tensor (``layers.0.self_attn.q_proj.weight``) is compared
+with the checkpoint's own values, dequantized when the checkpoint packs them: this finds a
+wrong dequantization (group size, scales, biases, the mxfp4 / nvfp4 scale format), a
+transposed or permuted matrix (reported in ``layout``), or the wrong tensor loaded under a
+name, before any activation is involved.  Limits are the local ones (one rounding step):
+``local_min_cosine`` and ``local_max_nmse`` of the :class:`~workbench.diff.metrics.Tolerance`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from workbench.diff.layout import LayoutError, reconcile
+from workbench.diff.metrics import Tolerance, error_metrics, local_diverged
+
+
+def weight_values(model: Any, name: str) -> np.ndarray:
+    """A checkpoint weight as float32 numpy, dequantized when the checkpoint packs it.
+
+    ``name``: a tensor (``layers.0.mlp.up_proj.weight``) or a module
+    (``layers.0.mlp.up_proj``, meaning its ``.weight``); ``model``: a loaded model (or a
+    checkpoint reader).
+    """
+    import mlx.core as mx
+
+    ck = getattr(model, "checkpoint", model)
+    tensor = name if name.endswith((".weight", ".bias", ".scales", ".biases")) or name in ck else name + ".weight"
+    if tensor not in ck:
+        raise KeyError(f"the checkpoint has no tensor {tensor!r}")
+    arr = ck.load(tensor)
+    if tensor.endswith(".weight") and not mx.issubdtype(arr.dtype, mx.floating):
+        module = tensor[: -len(".weight")]
+        spec = ck.quant_of(module) if hasattr(ck, "quant_of") else None
+        if spec is None or f"{module}.scales" not in ck:
+            raise ValueError(f"{tensor} is stored as {arr.dtype} without a quantization to undo")
+        biases = ck.load(f"{module}.biases") if spec.has_biases and f"{module}.biases" in ck else None
+        arr = mx.dequantize(arr, ck.load(f"{module}.scales"), biases, group_size=spec.group_size,
+                            bits=spec.bits, mode=spec.mode)
+    return np.array(arr.astype(mx.float32))
+
+
+@dataclass
+class WeightDiff:
+    """One engine tensor compared with the checkpoint tensor of the same (renamed) name."""
+
+    name: str  # the checkpoint tensor
+    engine_name: str
+    status: str  # "ok" | "diverged" | "shape" | "ambiguous" | "unreadable"
+    shape: tuple[int, ...] = ()
+    engine_shape: tuple[int, ...] = ()
+    layout: str = ""
+    cosine: float | None = None
+    nmse: float | None = None
+    max_abs: float | None = None
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def is_mismatch(self) -> bool:
+        return self.status in ("diverged", "shape")
+
+    def to_dict(self) -> dict[str, Any]:
+        from workbench.diff.report import _num
+
+        return {"name": self.name, "engine_name": self.engine_name, "status": self.status,
+                "shape": list(self.shape), "engine_shape": list(self.engine_shape), "layout": self.layout,
+                "cosine": _num(self.cosine), "nmse": _num(self.nmse), "max_abs": _num(self.max_abs),
+                "reasons": list(self.reasons)}
+
+
+def is_checkpoint_tensor(model: Any, name: str) -> bool:
+    ck = getattr(model, "checkpoint", None)
+    try:
+        return ck is not None and name in ck
+    except TypeError:
+        return False
+
+
+def compare_weights(model: Any, engine: Mapping[str, tuple[str, np.ndarray]], tol: Tolerance) -> list[WeightDiff]:
+    """``engine``: checkpoint tensor name -> (engine name, array).  In checkpoint order."""
+    out = []
+    for name in sorted(engine):
+        en, arr = engine[name]
+        arr = np.asarray(arr, dtype=np.float32)
+        wd = WeightDiff(name=name, engine_name=en, status="ok", engine_shape=tuple(arr.shape))
+        try:
+            ours = weight_values(model, name)
+        except (KeyError, ValueError) as e:
+            wd.status, wd.reasons = "unreadable", [str(e)]
+            out.append(wd)
+            continue
+        wd.shape = tuple(ours.shape)
+        try:
+            arr, wd.layout = reconcile(arr, ours.shape)
+        except LayoutError as e:
+            wd.status, wd.reasons = e.kind, [str(e)]
+            out.append(wd)
+            continue
+        m = error_metrics(ours, arr, mask_below=None)
+        if local_diverged(m, tol) and arr.ndim == 2 and arr.shape[0] == arr.shape[1]:
+            mt = error_metrics(ours, arr.T, mask_below=None)  # a square matrix stored transposed
+            if not local_diverged(mt, tol):
+                m, wd.layout = mt, f"{list(arr.shape)} square: matches transposed"
+        wd.cosine, wd.nmse, wd.max_abs = m["cosine"], m["nmse"], m["max_abs"]
+        if local_diverged(m, tol):
+            wd.status = "diverged"
+            wd.reasons = [f"cosine {m['cosine']:.6g}, nmse {m['nmse']:.3g} against the checkpoint's values"
+                          + (" (dequantized)" if name.endswith(".weight") and _packed(model, name) else "")]
+        if wd.layout and "transposed" in wd.layout:
+            wd.reasons.append(f"the engine holds it transposed ({wd.layout}): fine if its matmul expects that")
+        out.append(wd)
+    return out
+
+
+def _packed(model: Any, name: str) -> bool:
+    ck = getattr(model, "checkpoint", model)
+    return f"{name[: -len('.weight')]}.scales" in ck
