@@ -774,16 +774,19 @@ def render(r: Report, color: bool = False) -> str:
     if r.problems:
         out.append(f"  problems: {len(errs)} error{'s' if len(errs) != 1 else ''}, "
                    f"{len(warns)} warning{'s' if len(warns) != 1 else ''}")
-        shown = 0
+        per_kind = {}  # at most 10 lines per (severity, code), then a count: every kind stays visible
         for p in r.problems:
-            if shown >= 40:
-                out.append(f"    ... {len(r.problems) - shown} more (use --json for all)")
-                break
-            tag = c("error  ", "31;1") if p.severity == "error" else c("warning", "33")
-            out.append(f"    {tag} {p.code:<22} {p.message}")
-            if p.suggestion and p.suggestion not in p.message:
-                out.append(f"            suggestion: {p.suggestion}")
-            shown += 1
+            per_kind.setdefault((p.severity, p.code), []).append(p)
+        for (sev, code), ps in per_kind.items():
+            tag = c("error  ", "31;1") if sev == "error" else c("warning", "33")
+            for p in ps[:10]:
+                out.append(f"    {tag} {code:<22} {p.message}")
+                if p.suggestion and p.suggestion not in p.message:
+                    out.append(f"            suggestion: {p.suggestion}")
+            if len(ps) > 10:
+                lays = sorted({p.layer for p in ps if p.layer is not None})
+                where = f" (layers {lays[0]}-{lays[-1]})" if lays else ""
+                out.append(f"    {tag} {code:<22} ... and {len(ps) - 10} more{where} (--json lists all)")
     out.append("  " + (c("OK: no errors", "32;1") if r.ok else c(f"FAILED: {len(errs)} error(s)", "31;1")))
     return "\n".join(out)
 
