@@ -574,7 +574,7 @@ def _chunk_stats(ck, task):
     """One chunk's partial statistics (runs in a worker thread; numpy releases the GIL)."""
     import numpy as np
 
-    from workbench.checkpoint.values import Stats, dequant_rows, pread, row_bytes, to_float
+    from workbench.checkpoint.values import Stats, affine_stats, dequant_rows, pread, row_bytes, to_float
 
     key, b, fmt, q = task
     u32 = getattr(_TLS, "u32", None)
@@ -596,6 +596,9 @@ def _chunk_stats(ck, task):
         srb = row_bytes(sc.dtype, sc.shape)
         sb = pread(os.path.join(str(ck.root), sc.file), sc.offset + row * srb, rows * srb)
         bb = pread(os.path.join(str(ck.root), bi.file), bi.offset + row * srb, rows * srb) if bi else None
+        fast = affine_stats(b, sb, bb, rows, packed, spec, sc.dtype)  # one native pass, None if unavailable
+        if fast is not None:
+            return key, fast, len(b)
         x = dequant_rows(b, sb, bb, rows, packed, sc.shape[-1], spec, sc.dtype)
         for i in range(0, x.size, _SUB):
             if x.dtype == np.uint16:

@@ -8,6 +8,7 @@ std cover the finite elements.
 """
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 import threading
@@ -44,6 +45,14 @@ class Stats:
         n = x.size
         if n == 0:
             return
+        if x.dtype == np.float32 and n < (1 << 31):
+            lib = native()
+            if lib is not None:
+                x = np.ascontiguousarray(x)
+                a = _new_acc()
+                lib.wb_f32(x.ctypes.data, n, ctypes.byref(a))
+                _absorb(self, a)
+                return
         self.n += n
         b = scratch[:n] if scratch is not None and scratch.size >= n else np.empty(n, np.bool_)
         if x.dtype.kind == "f":
@@ -85,6 +94,13 @@ class Stats:
         NaN/Inf sends the chunk through the exact per-kind counting of ``add``."""
         n = u.size
         if n == 0:
+            return
+        lib = native()
+        if lib is not None:
+            u = np.ascontiguousarray(u, np.uint16)
+            a = _new_acc()
+            lib.wb_bf16(u.ctypes.data, n, ctypes.byref(a))
+            _absorb(self, a)
             return
         v = u16buf[:n] if u16buf is not None and u16buf.size >= n else np.empty(n, np.uint16)
         np.bitwise_and(u, 0x7FFF, out=v)  # magnitude bits
@@ -341,3 +357,290 @@ def dequant_rows(wbytes: bytes, sbytes: bytes, bbytes: bytes | None, rows: int, 
 
 def row_bytes(dtype: str, shape) -> int:
     return (shape[-1] * DTYPE_BITS[dtype] + 7) // 8 if shape else (DTYPE_BITS[dtype] + 7) // 8
+
+
+# ------------------------------------------------------------------ native kernels
+# One fused pass per chunk in C (every element examined: counts by kind, min / max of the
+# finite values, shifted sums for mean / std), compiled on first use with the system C
+# compiler into a per-user cache and loaded with ctypes (calls release the GIL, so worker
+# threads run in parallel).  Without a compiler, or with WORKBENCH_NATIVE=0, the numpy
+# code above is used; tests check that both give the same statistics.
+NATIVE = os.environ.get("WORKBENCH_NATIVE", "1") != "0"
+
+_C_SRC = r"""
+/* workbench --values kernels: one pass per chunk, every element examined. */
+#include <stdint.h>
+#include <string.h>
+
+typedef struct {
+    int64_t n, nan, pinf, ninf, zeros, have_k;
+    double mn, mx, k, s1, s2;
+} wb_acc;
+
+#define L 16
+#define BLK 4096
+
+static void one(float v, wb_acc *a) {  /* a single element, scalar */
+    uint32_t b; memcpy(&b, &v, 4);
+    uint32_t e = b & 0x7FFFFFFFu;
+    a->n++;
+    if (e > 0x7F800000u) { a->nan++; return; }
+    if (b == 0x7F800000u) { a->pinf++; return; }
+    if (b == 0xFF800000u) { a->ninf++; return; }
+    if (!a->have_k) { a->k = v; a->have_k = 1; }
+    a->zeros += e == 0;
+    if (v < a->mn) a->mn = v;
+    if (v > a->mx) a->mx = v;
+    double d = (double)v - a->k;
+    a->s1 += d; a->s2 += d * d;
+}
+
+/* statistics of n float32 values: NaN / +Inf / -Inf counted by kind and left out of
+   min / max / sums; sums are of (x - k), k the first finite value seen (no cancellation) */
+static void fstats(const float *x, int64_t n, wb_acc *a) {
+    int64_t i = 0;
+    while (i < n && !a->have_k) one(x[i++], a);
+    if (i >= n) return;
+    const float k = (float)a->k;
+    float mn[L], mx[L];
+    double s1[L], s2[L];
+    int32_t cn[L], cp[L], cm[L], cz[L];  /* callers pass n < 2^31 */
+    for (int j = 0; j < L; j++) { mn[j] = k; mx[j] = k; s1[j] = 0; s2[j] = 0; cn[j] = cp[j] = cm[j] = cz[j] = 0; }
+    int64_t body = i + (n - i) / L * L, start = i;
+    while (i < body) {
+        float f1[L], f2[L];  /* float partial sums over at most 64 elements per lane, then double */
+        for (int j = 0; j < L; j++) { f1[j] = 0; f2[j] = 0; }
+        int64_t stop = i + 64 * L < body ? i + 64 * L : body;
+        for (; i < stop; i += L) {
+            for (int j = 0; j < L; j++) {
+                float v = x[i + j];
+                uint32_t b; memcpy(&b, &v, 4);
+                uint32_t e = b & 0x7FFFFFFFu;
+                int fin = e < 0x7F800000u;
+                cn[j] += e > 0x7F800000u;
+                cp[j] += b == 0x7F800000u;
+                cm[j] += b == 0xFF800000u;
+                cz[j] += e == 0;
+                float f = fin ? v : k;
+                mn[j] = f < mn[j] ? f : mn[j];
+                mx[j] = f > mx[j] ? f : mx[j];
+                float d = f - k;
+                f1[j] += d;
+                f2[j] += d * d;
+            }
+        }
+        for (int j = 0; j < L; j++) { s1[j] += f1[j]; s2[j] += f2[j]; }
+    }
+    a->n += body - start;
+    for (int j = 0; j < L; j++) {
+        a->nan += cn[j]; a->pinf += cp[j]; a->ninf += cm[j]; a->zeros += cz[j];
+        if (mn[j] < a->mn) a->mn = mn[j];
+        if (mx[j] > a->mx) a->mx = mx[j];
+        a->s1 += s1[j]; a->s2 += s2[j];
+    }
+    for (; i < n; i++) one(x[i], a);
+}
+
+void wb_f32(const float *x, int64_t n, wb_acc *a) {
+    for (int64_t i = 0; i < n; i += 1 << 30) fstats(x + i, n - i < (1 << 30) ? n - i : (1 << 30), a);
+}
+
+void wb_bf16(const uint16_t *u, int64_t n, wb_acc *a) {
+    float t[BLK];
+    for (int64_t i = 0; i < n; i += BLK) {
+        int64_t m = n - i < BLK ? n - i : BLK;
+        for (int64_t j = 0; j < m; j++) { uint32_t b = (uint32_t)u[i + j] << 16; memcpy(&t[j], &b, 4); }
+        fstats(t, m, a);
+    }
+}
+
+static inline float bf16_round(float x) {  /* round to nearest even bfloat16 (NaN stays NaN) */
+    uint32_t b; memcpy(&b, &x, 4);
+    uint32_t r = ((b & 0x7FFFFFFFu) > 0x7F800000u) ? (b | 0x00400000u) : b + 0x7FFFu + ((b >> 16) & 1u);
+    r &= 0xFFFF0000u;
+    float y; memcpy(&y, &r, 4);
+    return y;
+}
+
+#ifdef WB_NO_F16
+#define f16_round(x) (x)
+typedef uint16_t _Float16;
+#else
+static inline float f16_round(float x) { return (float)(_Float16)x; }
+#endif
+
+static inline float load_s(const void *p, int64_t i, int sdt) {
+    if (sdt == 1) { uint32_t b = (uint32_t)((const uint16_t *)p)[i] << 16; float f; memcpy(&f, &b, 4); return f; }
+    if (sdt == 2) { _Float16 h; memcpy(&h, (const char *)p + 2 * i, 2); return (float)h; }
+    return ((const float *)p)[i];
+}
+
+static inline float deq(float s, float q, float b, int sdt) {
+    if (sdt == 1) return bf16_round(bf16_round(s * q) + b);
+    if (sdt == 2) return f16_round(f16_round(s * q) + b);
+    return s * q + b;
+}
+
+/* affine dequantization as mx.dequantize computes it: (scale * q), then + bias, each result
+   rounded to the scales' dtype (sdt: 0 float32, 1 bfloat16, 2 float16); bits 2, 4 or 8,
+   values packed from the low bits of each uint32. Returns -1 for a layout it does not handle. */
+int wb_affine(const uint32_t *w, const void *sc, const void *bi, int sdt, int64_t rows, int64_t words,
+              int bits, int64_t gs, wb_acc *a) {
+    if (bits != 2 && bits != 4 && bits != 8) return -1;
+#ifdef WB_NO_F16
+    if (sdt == 2) return -1;
+#endif
+    const int per = 32 / bits;
+    const uint32_t mask = (1u << bits) - 1u;
+    const int64_t vals = words * per;
+    if (gs <= 0 || vals % gs || gs > BLK || (gs * bits) % 32) return -1;
+    const int64_t ng = vals / gs, gw = gs * bits / 32;
+    float t[BLK];
+    int64_t fill = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t g = 0; g < ng; g++) {
+            float s = load_s(sc, r * ng + g, sdt), b = load_s(bi, r * ng + g, sdt);
+            const uint32_t *p = w + r * words + g * gw;
+            float *o = t + fill;
+            float lv[256];  /* every level's value in this group */
+            for (uint32_t q = 0; q <= mask; q++) lv[q] = deq(s, (float)q, b, sdt);
+            if (bits == 4) {
+                for (int64_t k = 0; k < gw; k++) {
+                    uint32_t x = p[k];
+                    for (int e = 0; e < 8; e++) o[k * 8 + e] = lv[(x >> (e * 4)) & 15u];
+                }
+            } else if (bits == 2) {
+                for (int64_t k = 0; k < gw; k++) {
+                    uint32_t x = p[k];
+                    for (int e = 0; e < 16; e++) o[k * 16 + e] = lv[(x >> (e * 2)) & 3u];
+                }
+            } else {
+                for (int64_t k = 0; k < gw; k++) {
+                    uint32_t x = p[k];
+                    for (int e = 0; e < 4; e++) o[k * 4 + e] = lv[(x >> (e * 8)) & 255u];
+                }
+            }
+            fill += gs;
+            if (fill + gs > BLK) { fstats(t, fill, a); fill = 0; }
+        }
+    }
+    if (fill) fstats(t, fill, a);
+    return 0;
+}
+"""
+
+_LIB = None
+_LIB_LOCK = threading.Lock()
+
+
+class _Acc(ctypes.Structure):
+    _fields_ = [(k, ctypes.c_int64) for k in ("n", "nan", "posinf", "neginf", "zeros", "have_k")] + \
+               [(k, ctypes.c_double) for k in ("min", "max", "k", "s1", "s2")]
+
+
+def _cache_dir() -> str:
+    d = os.environ.get("WORKBENCH_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "workbench")
+    return d
+
+
+def _compile() -> "ctypes.CDLL | None":
+    import hashlib
+    import platform
+    import shutil
+    import subprocess
+    import tempfile
+
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if not cc:
+        return None
+    tag = hashlib.sha256((_C_SRC + cc + platform.machine() + platform.node()).encode()).hexdigest()[:16]
+    d = _cache_dir()
+    so = os.path.join(d, f"wb_values_{tag}.so")
+    if not os.path.exists(so):
+        try:
+            os.makedirs(d, exist_ok=True)
+        except OSError:
+            return None
+        with tempfile.TemporaryDirectory(dir=d) as tmp:
+            src = os.path.join(tmp, "wb_values.c")
+            out = os.path.join(tmp, "wb_values.so")
+            with open(src, "w") as f:
+                f.write(_C_SRC)
+            base = [cc, "-O3", "-ffp-contract=off", "-shared", "-fPIC", src, "-o", out]
+            for extra in (["-march=native"], ["-mcpu=native"], [], ["-DWB_NO_F16"]):
+                try:
+                    r = subprocess.run(base + extra, capture_output=True, timeout=120)
+                except (OSError, subprocess.SubprocessError):
+                    return None
+                if r.returncode == 0:
+                    break
+            else:
+                return None
+            os.replace(out, so)  # atomic: concurrent first uses see a whole file
+    lib = ctypes.CDLL(so)
+    P, I64, A = ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(_Acc)
+    lib.wb_f32.argtypes = [P, I64, A]
+    lib.wb_bf16.argtypes = [P, I64, A]
+    lib.wb_affine.argtypes = [P, P, P, ctypes.c_int, I64, I64, ctypes.c_int, I64, A]
+    lib.wb_affine.restype = ctypes.c_int
+    return lib
+
+
+def native():
+    """The compiled kernels, or None (no compiler, or WORKBENCH_NATIVE=0 / values.NATIVE False)."""
+    global _LIB
+    if not NATIVE:
+        return None
+    if _LIB is None:
+        with _LIB_LOCK:
+            if _LIB is None:
+                try:
+                    _LIB = _compile() or False
+                except OSError:
+                    _LIB = False
+    return _LIB or None
+
+
+def _new_acc() -> _Acc:
+    a = _Acc()
+    a.min, a.max = math.inf, -math.inf
+    return a
+
+
+def _absorb(st: "Stats", a: _Acc):
+    st.n += a.n
+    st.nan += a.nan
+    st.posinf += a.posinf
+    st.neginf += a.neginf
+    st.zeros += a.zeros
+    m = a.n - a.nan - a.posinf - a.neginf
+    if m:
+        st.min = min(st.min, a.min)
+        st.max = max(st.max, a.max)
+        st._merge(m, a.k + a.s1 / m, max(a.s2 - a.s1 * a.s1 / m, 0.0))
+
+
+_SDT = {"F32": 0, "BF16": 1, "F16": 2}
+
+
+def affine_stats(wbytes, sbytes, bbytes, rows: int, packed: int, spec, sdtype: str) -> "Stats | None":
+    """Statistics of ``rows`` rows of an affine-quantized weight, dequantized element by element
+    exactly as ``mx.dequantize`` does (in the scales' dtype), in one native pass; None when the
+    native kernels are unavailable or the layout is not one they handle (the caller then
+    dequantizes with MLX)."""
+    lib = native()
+    if lib is None or spec.mode != "affine" or sdtype not in _SDT or bbytes is None:
+        return None
+    w = np.frombuffer(wbytes, np.uint32)
+    sc = np.frombuffer(sbytes, np.uint8)
+    bi = np.frombuffer(bbytes, np.uint8)
+    if w.size != rows * packed or sc.size != bi.size:
+        return None
+    a = _new_acc()
+    if lib.wb_affine(w.ctypes.data, sc.ctypes.data, bi.ctypes.data, _SDT[sdtype], rows, packed, spec.bits,
+                     spec.group_size, ctypes.byref(a)) != 0:
+        return None
+    st = Stats()
+    _absorb(st, a)
+    return st
