@@ -368,9 +368,11 @@ def row_bytes(dtype: str, shape) -> int:
 NATIVE = os.environ.get("WORKBENCH_NATIVE", "1") != "0"
 
 _C_SRC = r"""
+
 /* workbench --values kernels: one pass per chunk, every element examined. */
 #include <stdint.h>
 #include <string.h>
+#include <stdlib.h>
 
 typedef struct {
     int64_t n, nan, pinf, ninf, zeros, have_k;
@@ -481,9 +483,120 @@ static inline float deq(float s, float q, float b, int sdt) {
     return s * q + b;
 }
 
+/* one group, element by element: levels table, values appended to t (flushed when full) */
+static void group_scalar(const uint32_t *p, float s, float b, int sdt, int bits, int64_t gs, float *t,
+                         int64_t *fill, wb_acc *a) {
+    const int per = 32 / bits;
+    const uint32_t mask = (1u << bits) - 1u;
+    const int64_t gw = gs * bits / 32;
+    float lv[256];  /* every level's value in this group */
+    for (uint32_t q = 0; q <= mask; q++) lv[q] = deq(s, (float)q, b, sdt);
+    if (*fill + gs > BLK) { fstats(t, *fill, a); *fill = 0; }
+    float *o = t + *fill;
+    for (int64_t k = 0; k < gw; k++) {
+        uint32_t x = p[k];
+        for (int e = 0; e < per; e++) o[k * per + e] = lv[(x >> (e * bits)) & mask];
+    }
+    *fill += gs;
+}
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+static inline __m512 bf16_round16(__m512 x) {
+    __m512i b = _mm512_castps_si512(x);
+    __m512i r = _mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7FFF)),
+                                 _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1)));
+    __mmask16 nan = _mm512_cmp_epi32_mask(_mm512_and_si512(b, _mm512_set1_epi32(0x7FFFFFFF)),
+                                          _mm512_set1_epi32(0x7F800000), _MM_CMPINT_NLE);
+    r = _mm512_mask_or_epi32(r, nan, b, _mm512_set1_epi32(0x00400000));
+    return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32((int)0xFFFF0000u)));
+}
+
+static inline __m512 f16_round16(__m512 x) {
+    return _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+/* the 16 levels' values of one 4-bit group, as deq computes them */
+static inline __m512 levels16(float s, float b, int sdt) {
+    const __m512 q = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    __m512 sv = _mm512_set1_ps(s), bv = _mm512_set1_ps(b);
+    if (sdt == 1) return bf16_round16(_mm512_add_ps(bf16_round16(_mm512_mul_ps(sv, q)), bv));
+    if (sdt == 2) return f16_round16(_mm512_add_ps(f16_round16(_mm512_mul_ps(sv, q)), bv));
+    return _mm512_add_ps(_mm512_mul_ps(sv, q), bv);
+}
+
+/* 4-bit, group size 64 or a multiple of 128: 16 words (128 values) at a time, each value looked up
+   in its group's 16-level table with one permute; groups whose table holds a NaN / Inf level go
+   element by element instead.  Returns the number of groups done (a prefix). */
+static int64_t affine4_avx512(const uint32_t *w, const void *sc, const void *bi, int sdt, int64_t G, int64_t gs,
+                              wb_acc *a, float *t, int64_t *fill) {
+    if (gs != 64 && gs % 128) return 0;
+    const int64_t gw = gs / 8;  /* words per group */
+    const int64_t gpb = gs == 64 ? 2 : 1;  /* groups per 16-word block */
+    const int64_t bpg = gs == 64 ? 1 : gs / 128;  /* blocks per group */
+    const __m512i m15 = _mm512_set1_epi32(15);
+    const __m512i hi = gs == 64 ? _mm512_set_epi32(16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0)
+                                : _mm512_setzero_si512();
+    __m512 mn = _mm512_set1_ps(__builtin_inff()), mx = _mm512_set1_ps(-__builtin_inff());
+    __m512d d1a = _mm512_setzero_pd(), d1b = _mm512_setzero_pd(), d2a = _mm512_setzero_pd(), d2b = _mm512_setzero_pd();
+    int64_t zeros = 0, nfast = 0;
+    float k = 0;
+    int have = 0;
+    int64_t g = 0;
+    for (; g + gpb <= G; g += gpb) {
+        const __m512 ta = levels16(load_s(sc, g, sdt), load_s(bi, g, sdt), sdt);
+        const __m512 tb = gpb == 2 ? levels16(load_s(sc, g + 1, sdt), load_s(bi, g + 1, sdt), sdt) : ta;
+        const __m512 inf = _mm512_set1_ps(__builtin_inff());
+        if ((__mmask16)(_mm512_cmp_ps_mask(_mm512_abs_ps(ta), inf, _CMP_LT_OQ) &
+                        _mm512_cmp_ps_mask(_mm512_abs_ps(tb), inf, _CMP_LT_OQ)) != 0xFFFF) {
+            /* a NaN / Inf level: count element by element */
+            for (int64_t j = 0; j < gpb; j++)
+                group_scalar(w + (g + j) * gw, load_s(sc, g + j, sdt), load_s(bi, g + j, sdt), sdt, 4, gs, t, fill, a);
+            continue;
+        }
+        if (!have) { k = _mm512_cvtss_f32(ta); have = 1; }
+        const __m512 kv = _mm512_set1_ps(k), z = _mm512_setzero_ps();
+        for (int64_t bl = 0; bl < bpg; bl++) {
+            const __m512i x = _mm512_loadu_si512((const void *)(w + g * gw + bl * 16));
+            __m512 f1 = _mm512_setzero_ps(), f2 = _mm512_setzero_ps();
+            for (int e = 0; e < 8; e++) {
+                __m512i idx = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(x, 4 * e), m15), hi);
+                __m512 v = _mm512_permutex2var_ps(ta, idx, tb);
+                mn = _mm512_min_ps(mn, v);
+                mx = _mm512_max_ps(mx, v);
+                zeros += __builtin_popcount((unsigned)_mm512_cmp_ps_mask(v, z, _CMP_EQ_OQ));
+                __m512 d = _mm512_sub_ps(v, kv);
+                f1 = _mm512_add_ps(f1, d);
+                f2 = _mm512_add_ps(f2, _mm512_mul_ps(d, d));
+            }
+            d1a = _mm512_add_pd(d1a, _mm512_cvtps_pd(_mm512_castps512_ps256(f1)));
+            d1b = _mm512_add_pd(d1b, _mm512_cvtps_pd(_mm512_extractf32x8_ps(f1, 1)));
+            d2a = _mm512_add_pd(d2a, _mm512_cvtps_pd(_mm512_castps512_ps256(f2)));
+            d2b = _mm512_add_pd(d2b, _mm512_cvtps_pd(_mm512_extractf32x8_ps(f2, 1)));
+        }
+        nfast += gpb * gs;
+    }
+    if (nfast) {
+        double s1 = _mm512_reduce_add_pd(_mm512_add_pd(d1a, d1b)), s2 = _mm512_reduce_add_pd(_mm512_add_pd(d2a, d2b));
+        /* re-base the shifted sums onto the accumulator's k */
+        if (!a->have_k) { a->k = k; a->have_k = 1; }
+        double c = (double)k - a->k;  /* sum (v - ak) = sum (v - k) + n c */
+        a->s2 += s2 + 2 * c * s1 + (double)nfast * c * c;
+        a->s1 += s1 + (double)nfast * c;
+        a->n += nfast;
+        a->zeros += zeros;
+        float lo = _mm512_reduce_min_ps(mn), up = _mm512_reduce_max_ps(mx);
+        if (lo < a->mn) a->mn = lo;
+        if (up > a->mx) a->mx = up;
+    }
+    return g;
+}
+#endif
+
 /* affine dequantization as mx.dequantize computes it: (scale * q), then + bias, each result
    rounded to the scales' dtype (sdt: 0 float32, 1 bfloat16, 2 float16); bits 2, 4 or 8,
-   values packed from the low bits of each uint32. Returns -1 for a layout it does not handle. */
+   values packed from the low bits of each uint32; groups laid out one after another.
+   Returns -1 for a layout it does not handle. */
 int wb_affine(const uint32_t *w, const void *sc, const void *bi, int sdt, int64_t rows, int64_t words,
               int bits, int64_t gs, wb_acc *a) {
     if (bits != 2 && bits != 4 && bits != 8) return -1;
@@ -491,39 +604,15 @@ int wb_affine(const uint32_t *w, const void *sc, const void *bi, int sdt, int64_
     if (sdt == 2) return -1;
 #endif
     const int per = 32 / bits;
-    const uint32_t mask = (1u << bits) - 1u;
     const int64_t vals = words * per;
     if (gs <= 0 || vals % gs || gs > BLK || (gs * bits) % 32) return -1;
-    const int64_t ng = vals / gs, gw = gs * bits / 32;
+    const int64_t G = rows * (vals / gs), gw = gs * bits / 32;
     float t[BLK];
-    int64_t fill = 0;
-    for (int64_t r = 0; r < rows; r++) {
-        for (int64_t g = 0; g < ng; g++) {
-            float s = load_s(sc, r * ng + g, sdt), b = load_s(bi, r * ng + g, sdt);
-            const uint32_t *p = w + r * words + g * gw;
-            float *o = t + fill;
-            float lv[256];  /* every level's value in this group */
-            for (uint32_t q = 0; q <= mask; q++) lv[q] = deq(s, (float)q, b, sdt);
-            if (bits == 4) {
-                for (int64_t k = 0; k < gw; k++) {
-                    uint32_t x = p[k];
-                    for (int e = 0; e < 8; e++) o[k * 8 + e] = lv[(x >> (e * 4)) & 15u];
-                }
-            } else if (bits == 2) {
-                for (int64_t k = 0; k < gw; k++) {
-                    uint32_t x = p[k];
-                    for (int e = 0; e < 16; e++) o[k * 16 + e] = lv[(x >> (e * 2)) & 3u];
-                }
-            } else {
-                for (int64_t k = 0; k < gw; k++) {
-                    uint32_t x = p[k];
-                    for (int e = 0; e < 4; e++) o[k * 4 + e] = lv[(x >> (e * 8)) & 255u];
-                }
-            }
-            fill += gs;
-            if (fill + gs > BLK) { fstats(t, fill, a); fill = 0; }
-        }
-    }
+    int64_t fill = 0, g = 0;
+#ifdef __AVX512F__
+    if (bits == 4 && !getenv("WB_SCALAR")) g = affine4_avx512(w, sc, bi, sdt, G, gs, a, t, &fill);
+#endif
+    for (; g < G; g++) group_scalar(w + g * gw, load_s(sc, g, sdt), load_s(bi, g, sdt), sdt, bits, gs, t, &fill, a);
     if (fill) fstats(t, fill, a);
     return 0;
 }
