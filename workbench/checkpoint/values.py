@@ -120,12 +120,12 @@ class Stats:
         self._moments(x, n)
 
     def _moments(self, x, m):
-        s = float(np.dot(x, _ones(m)))
+        s = float(np.add.reduce(x, dtype=np.float64))  # (fallback path) the mean to float64 precision
         ss = float(np.dot(x, x))
         mu = s / m
         m2 = ss - s * mu
-        if m2 < 1e-3 * ss or m2 <= 0:  # cancellation (values far from 0): centre first
-            d = x - np.float32(mu)
+        if m2 < 1e-3 * ss or m2 <= 0:  # cancellation (values far from 0) or underflow (tiny values): centre first
+            d = x.astype(np.float64) - mu
             m2 = float(np.dot(d, d))
         self._merge(m, mu, m2)
 
@@ -381,6 +381,9 @@ typedef struct {
 
 #define L 16
 #define BLK 4096
+#define TINY 0x1p-40  /* max |x - k| outside [TINY, HUGE]: float sums of squares would under- or */
+#define HUGE 0x1p56   /* overflow, so the sums are redone in double */
+#define REDO(up, lo, k) (((up) - (k) < TINY && (k) - (lo) < TINY) || (up) - (k) > HUGE || (k) - (lo) > HUGE)
 
 static void one(float v, wb_acc *a) {  /* a single element, scalar */
     uint32_t b; memcpy(&b, &v, 4);
@@ -404,6 +407,7 @@ static void fstats(const float *x, int64_t n, wb_acc *a) {
     while (i < n && !a->have_k) one(x[i++], a);
     if (i >= n) return;
     const float k = (float)a->k;
+    const double kd = a->k;
     float mn[L], mx[L];
     double s1[L], s2[L];
     int32_t cn[L], cp[L], cm[L], cz[L];  /* callers pass n < 2^31 */
@@ -434,12 +438,24 @@ static void fstats(const float *x, int64_t n, wb_acc *a) {
         for (int j = 0; j < L; j++) { s1[j] += f1[j]; s2[j] += f2[j]; }
     }
     a->n += body - start;
+    float lo = k, up = k;
+    double t1 = 0, t2 = 0;
     for (int j = 0; j < L; j++) {
         a->nan += cn[j]; a->pinf += cp[j]; a->ninf += cm[j]; a->zeros += cz[j];
-        if (mn[j] < a->mn) a->mn = mn[j];
-        if (mx[j] > a->mx) a->mx = mx[j];
-        a->s1 += s1[j]; a->s2 += s2[j];
+        if (mn[j] < lo) lo = mn[j];
+        if (mx[j] > up) up = mx[j];
+        t1 += s1[j]; t2 += s2[j];
     }
+    if (REDO((double)up, (double)lo, kd)) {  /* float squares would under- or overflow: redo in double */
+        t1 = t2 = 0;
+        for (int64_t j = start; j < body; j++) {
+            uint32_t b; memcpy(&b, &x[j], 4);
+            if ((b & 0x7FFFFFFFu) < 0x7F800000u) { double d = (double)x[j] - kd; t1 += d; t2 += d * d; }
+        }
+    }
+    if (lo < a->mn) a->mn = lo;
+    if (up > a->mx) a->mx = up;
+    a->s1 += t1; a->s2 += t2;
     for (; i < n; i++) one(x[i], a);
 }
 
@@ -578,6 +594,22 @@ static int64_t affine4_avx512(const uint32_t *w, const void *sc, const void *bi,
     }
     if (nfast) {
         double s1 = _mm512_reduce_add_pd(_mm512_add_pd(d1a, d1b)), s2 = _mm512_reduce_add_pd(_mm512_add_pd(d2a, d2b));
+        float lo = _mm512_reduce_min_ps(mn), up = _mm512_reduce_max_ps(mx);
+        if (REDO((double)up, (double)lo, (double)k)) {  /* float squares would under- or overflow: redo in double */
+            float lv[16];
+            s1 = s2 = 0;
+            for (int64_t h = 0; h < g; h++) {
+                _mm512_storeu_ps(lv, levels16(load_s(sc, h, sdt), load_s(bi, h, sdt), sdt));
+                int fin = 1;
+                for (int q = 0; q < 16; q++) fin &= __builtin_isfinite(lv[q]);
+                if (!fin) continue;  /* done element by element above */
+                for (int64_t i = 0; i < gw; i++)
+                    for (int e = 0; e < 8; e++) {
+                        double d = (double)lv[(w[h * gw + i] >> (4 * e)) & 15u] - k;
+                        s1 += d; s2 += d * d;
+                    }
+            }
+        }
         /* re-base the shifted sums onto the accumulator's k */
         if (!a->have_k) { a->k = k; a->have_k = 1; }
         double c = (double)k - a->k;  /* sum (v - ak) = sum (v - k) + n c */
@@ -585,7 +617,6 @@ static int64_t affine4_avx512(const uint32_t *w, const void *sc, const void *bi,
         a->s1 += s1 + (double)nfast * c;
         a->n += nfast;
         a->zeros += zeros;
-        float lo = _mm512_reduce_min_ps(mn), up = _mm512_reduce_max_ps(mx);
         if (lo < a->mn) a->mn = lo;
         if (up > a->mx) a->mx = up;
     }
