@@ -104,3 +104,17 @@ def test_run_to_an_op_that_already_ran(model):
     w.run_to("layers.1")
     w.run_to("layers.0")
     assert "layers.0 already ran" in log_text(w) and w.current_step.name == "layers.1"
+
+
+def test_float16_infinity_shows_overflow_and_unknown_bf16_headroom(model):
+    tr = workbench.trace(model, IDS, capture="full", dtype="float16",
+                         interventions=[inject("layers.1.mlp.up_proj", float("inf"), index=5)])
+    w = StepDebugger(tr)
+    w.next_nonfinite()
+    assert w.current_step.name == "layers.1.mlp.up_proj"
+    html = w.stats_html.value
+    assert "0 / 1 / 0" in html  # one +inf
+    assert "overflow" in html and "unknown: infinite in this float16 run" in html
+    # the heatmap draws the finite values and marks the infinity (colours clipped at a percentile)
+    assert "99.5th percentile" in w.heatmap_note.value
+    assert bytes(w.heatmap.value).startswith(b"\x89PNG")

@@ -103,7 +103,7 @@ def heatmap(a: np.ndarray, cmap: str = "RdBu_r", symmetric: bool = True, vmax: f
     vals = np.where(finite, a, 0.0)
     if symmetric:
         m = float(vmax if vmax is not None else (np.abs(vals).max() if vals.size else 1.0)) or 1.0
-        x = (vals / m + 1.0) * 0.5
+        x = np.clip((vals / m + 1.0) * 0.5, 0.0, 1.0)
     else:
         lo = float(vals.min()) if vals.size else 0.0
         hi = float(vmax if vmax is not None else (vals.max() if vals.size else 1.0))
@@ -162,8 +162,10 @@ def table(rows: list[tuple], header: tuple | None = None, cls: str = "wb-table")
 
 def headroom_bar(frac: float | None, label: str) -> str:
     """An inline bar showing how much of a dtype's range an activation uses."""
-    if frac is None or not math.isfinite(frac):
-        pct, txt, color = 100.0, "overflow" if frac is not None else "–", "#c00"
+    if frac is None:
+        pct, txt, color = 0.0, "–", "#eee"
+    elif not math.isfinite(frac):
+        pct, txt, color = 100.0, "overflow", "#c00"
     else:
         pct = min(100.0, max(0.0, frac * 100.0))
         txt = f"{frac:.2%}" if frac >= 1e-4 else f"{frac:.1e}"

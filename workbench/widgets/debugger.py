@@ -319,9 +319,13 @@ class StepDebugger(W.VBox):
         inf = bool(st["posinf"] or st["neginf"])
         f16 = float("inf") if inf else (am / FP16_MAX if am is not None and math.isfinite(am) else None)
         b16 = float("inf") if inf else (am / BF16_MAX if am is not None and math.isfinite(am) else None)
+        b16_note = ""
+        if inf and s.dtype == "float16":  # infinite because of float16's range: bfloat16's is unknown here
+            b16, b16_note = None, " <i>(unknown: infinite in this float16 run)</i>"
         self.stats_html.value = (table(rows) + "<div style='margin-top:4px'><b>headroom</b> "
                                  "(absmax / largest finite value)</div>"
-                                 + headroom_bar(f16, "fp16") + "<br>" + headroom_bar(b16, "bf16"))
+                                 + headroom_bar(f16, "fp16") + "<br>" + headroom_bar(b16, "bf16") + b16_note
+                                 + "<div style='height:6px'></div>")
 
     def _value(self, name):
         try:
@@ -341,11 +345,16 @@ class StepDebugger(W.VBox):
             self.heatmap_note.value = f"<i>{v.dtype} value, not drawn</i>"
             return
         a, note = as_2d(v)
-        png, w, h = heatmap(a, cmap="RdBu_r", symmetric=True, target_width=560, target_height=200)
+        fin = np.abs(a[np.isfinite(a)])
+        vmax = float(np.percentile(fin, 99.5)) if fin.size else 1.0
+        if not vmax > 0:
+            vmax = float(fin.max()) if fin.size and fin.max() > 0 else 1.0
+        png, w, h = heatmap(a, cmap="RdBu_r", symmetric=True, vmax=vmax, target_width=560, target_height=200)
         self.heatmap.value = png
         self.heatmap.layout.width, self.heatmap.layout.height = f"{w}px", f"{h}px"
         self.heatmap_note.value = (f"<b>value</b> {shape_str(v.shape)} as {a.shape[0]} rows × {a.shape[1]} "
-                                   f"columns (blue < 0 < red; green = NaN/Inf)" + (f"; {html.escape(note)}" if note else ""))
+                                   f"columns (blue < 0 < red, colours clipped at ±{vmax:.3g}, the 99.5th percentile "
+                                   f"of |x|; green = NaN/Inf)" + (f"; {html.escape(note)}" if note else ""))
 
     def _attention_op(self):
         """The softmax op of the current op's layer, when on an attention op and it ran."""
