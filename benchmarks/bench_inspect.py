@@ -130,7 +130,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=int, default=300, help="size of each checkpoint for --values (MB)")
     ap.add_argument("--numpy", action="store_true", help="measure the numpy fallback (no native kernels)")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     if args.numpy:
         V.NATIVE = False

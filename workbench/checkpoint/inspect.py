@@ -574,7 +574,7 @@ def _chunk_stats(ck, task):
     """One chunk's partial statistics (runs in a worker thread; numpy releases the GIL)."""
     import numpy as np
 
-    from workbench.checkpoint.values import Stats, affine_stats, dequant_rows, pread, row_bytes, to_float
+    from workbench.checkpoint.values import Stats, affine_stats, dequant_rows, native, pread, row_bytes, to_float
 
     key, b, fmt, q = task
     u32 = getattr(_TLS, "u32", None)
@@ -583,14 +583,15 @@ def _chunk_stats(ck, task):
         _TLS.u16 = np.empty(_SUB, np.uint16)
         _TLS.bools = np.empty(_SUB, np.bool_)
     part = Stats()
+    sub = 1 << 30 if native() else _SUB  # numpy: cache-sized pieces, its passes over each stay in L2
     if q is None and fmt == "BF16":
         u = np.frombuffer(b, np.uint16)
-        for i in range(0, u.size, _SUB):  # cache-sized pieces: the passes over each stay in L2
-            part.add_bf16(u[i: i + _SUB], u32, _TLS.u16)
+        for i in range(0, u.size, sub):
+            part.add_bf16(u[i: i + sub], u32, _TLS.u16)
     elif q is None:
         x = to_float(b, fmt)
-        for i in range(0, x.size, _SUB):
-            part.add(x[i: i + _SUB], _TLS.bools)
+        for i in range(0, x.size, sub):
+            part.add(x[i: i + sub], _TLS.bools)
     else:
         packed, spec, sc, bi, row, rows = q
         srb = row_bytes(sc.dtype, sc.shape)
