@@ -43,7 +43,7 @@ class DiffView(W.VBox):
         self.metrics = W.SelectMultiple(options=METRICS, value=("nmse", "1-cosine"), rows=4, description="metrics")
         self.op = W.Dropdown(options=[(f"#{o.index} {o.op} [{o.status}]", o.op) for o in report.ops],
                              value=(fd.op if fd is not None else (report.ops[0].op if report.ops else None)),
-                             description="op", layout=W.Layout(width="60%"))
+                             description="op", layout=W.Layout(width="440px"))
         self.op.add_class("wb-diff-op")
         self.first = W.Button(description="first divergence", disabled=fd is None, icon="crosshairs")
         self.first.add_class("wb-diff-first")

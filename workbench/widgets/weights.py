@@ -77,7 +77,7 @@ class WeightBrowser(W.VBox):
         self.problems_html.add_class("wb-weights-problems")
 
         self.component = W.Dropdown(options=list(tree), description="component", layout=W.Layout(width="330px"))
-        self.layer = W.Select(rows=10, layout=W.Layout(width="90px"))
+        self.layer = W.Select(rows=10, layout=W.Layout(width="110px"))
         self.tensor = W.Select(rows=10, layout=W.Layout(width="420px"))
         self.tensor.add_class("wb-weights-tensor")
         self.detail = W.Output(layout=W.Layout(width="100%"))
