@@ -777,12 +777,16 @@ print(f"fraction of gate channels GELU switches (almost) off: {(np.abs(gelu(g)) 
         ## 5 · The residual stream
 
         Nothing in a layer *replaces* the token's vector: attention's output and the MLP's output are
-        **added** to it (after their own norms). `layers.{i}` is the stream after layer `i`. Its size
-        typically grows with depth as layers write more into it:
+        **added** to it (after their own norms). `layers.{i}` is the stream after layer `i`. Gemma 4
+        then multiplies the whole stream by a learned per-layer number, `layer_scalar`: in this model
+        layer 0's is about 0.2, which is why the norm drops after layer 0 before growing again as
+        later layers write into the stream:
         """),
         code("""
 print("attn_residual = stream + normed attention:",
       np.allclose(v("layers.0.attn_residual"), v("embed_scale") + v("layers.0.post_attention_layernorm"), atol=1e-4))
+print("layer_scalar:", [round(float(np.array(model.weights("float32")[f"layers.{i}.layer_scalar"]).ravel()[0]), 2)
+                         for i in range(model.num_layers)])
 plots.residual_norm_plot(tr, tokens=tokens)
 """),
         md("""
