@@ -559,6 +559,8 @@ static int64_t affine4_avx512(const uint32_t *w, const void *sc, const void *bi,
     __m512 mn = _mm512_set1_ps(__builtin_inff()), mx = _mm512_set1_ps(-__builtin_inff());
     __m512d d1a = _mm512_setzero_pd(), d1b = _mm512_setzero_pd(), d2a = _mm512_setzero_pd(), d2b = _mm512_setzero_pd();
     int64_t zeros = 0, nfast = 0;
+    __m512i cz = _mm512_setzero_si512();  /* per-lane zero counts, folded into zeros every group */
+    const __m512i one = _mm512_set1_epi32(1);
     float k = 0;
     int have = 0;
     int64_t g = 0;
@@ -579,14 +581,15 @@ static int64_t affine4_avx512(const uint32_t *w, const void *sc, const void *bi,
             const __m512i x = _mm512_loadu_si512((const void *)(w + g * gw + bl * 16));
             __m512 f1 = _mm512_setzero_ps(), f2 = _mm512_setzero_ps();
             for (int e = 0; e < 8; e++) {
-                __m512i idx = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(x, 4 * e), m15), hi);
+                /* (x >> 4e) & 15 | hi in one ternary-logic op */
+                __m512i idx = _mm512_ternarylogic_epi32(_mm512_srli_epi32(x, 4 * e), m15, hi, 0xea);
                 __m512 v = _mm512_permutex2var_ps(ta, idx, tb);
                 mn = _mm512_min_ps(mn, v);
                 mx = _mm512_max_ps(mx, v);
-                zeros += __builtin_popcount((unsigned)_mm512_cmp_ps_mask(v, z, _CMP_EQ_OQ));
+                cz = _mm512_mask_add_epi32(cz, _mm512_cmp_ps_mask(v, z, _CMP_EQ_OQ), cz, one);
                 __m512 d = _mm512_sub_ps(v, kv);
                 f1 = _mm512_add_ps(f1, d);
-                f2 = _mm512_add_ps(f2, _mm512_mul_ps(d, d));
+                f2 = _mm512_fmadd_ps(d, d, f2);
             }
             d1a = _mm512_add_pd(d1a, _mm512_cvtps_pd(_mm512_castps512_ps256(f1)));
             d1b = _mm512_add_pd(d1b, _mm512_cvtps_pd(_mm512_extractf32x8_ps(f1, 1)));
@@ -594,7 +597,9 @@ static int64_t affine4_avx512(const uint32_t *w, const void *sc, const void *bi,
             d2b = _mm512_add_pd(d2b, _mm512_cvtps_pd(_mm512_extractf32x8_ps(f2, 1)));
         }
         nfast += gpb * gs;
+        if ((g & 0xFFFF) == 0) { zeros += _mm512_reduce_add_epi32(cz); cz = _mm512_setzero_si512(); }
     }
+    zeros += _mm512_reduce_add_epi32(cz);
     if (nfast) {
         double s1 = _mm512_reduce_add_pd(_mm512_add_pd(d1a, d1b)), s2 = _mm512_reduce_add_pd(_mm512_add_pd(d2a, d2b));
         float lo = _mm512_reduce_min_ps(mn), up = _mm512_reduce_max_ps(mx);
