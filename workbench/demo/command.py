@@ -22,6 +22,8 @@ def add_arguments(p):
     p.add_argument("--path", type=Path, default=None, help="a checkpoint directory to use instead")
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help=f"text to complete (default: {DEFAULT_PROMPT!r})")
     p.add_argument("--max-tokens", type=int, default=12)
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                   help="compute dtype (default: the checkpoint's; float32 runs the 4-bit copy ~10x faster on CPU)")
     p.add_argument("--eval", action="store_true", help="held-out exact-match accuracy per task")
     p.add_argument("--heads", action="store_true", help="measure previous-token / induction / recall heads")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -34,7 +36,7 @@ def run(args) -> int:
     path = args.path or {"demo": paths.DEMO, "4bit": paths.DEMO_4BIT, "moe": paths.DEMO_MOE}[args.model]
     if args.max_tokens < 0:
         raise UsageError("--max-tokens must be >= 0")
-    demo = load_demo(path)  # raises UsageError naming the missing/broken file
+    demo = load_demo(path, dtype=args.dtype)  # raises UsageError naming the missing/broken file
     out: dict = {"path": str(path), "files": {f.name: f.stat().st_size for f in sorted(Path(path).iterdir())},
                  "model_type": demo.config.get("model_type"), "loader": demo.loader,
                  "variants": {k: str(v) for k, v in (("demo", paths.DEMO), ("4bit", paths.DEMO_4BIT),

@@ -9,11 +9,11 @@ Scores (each is a mean attention probability, 0..1):
 
 * previous-token: weight from position t to t-1, over every position t >= 1 of the
   held-out texts;
-* induction: on copy examples (``w1 .. wn | w1 .. wn``), weight from the second
-  occurrence of ``w_i`` to the first occurrence of ``w_{i+1}`` -- the token that came
-  *after* the current token last time;
-* recall: on recall examples, weight from the last prompt token (``... tom has a``) to
-  the colour word of the matching fact earlier in the story.
+* induction: on copy examples (``w1 .. wn | w1 .. wn``, or from a cue ``| wk ..``), weight
+  from the second occurrence of ``w_i`` to the first occurrence of ``w_{i+1}`` -- the
+  token that came *after* the current token last time;
+* recall: on recall examples, weight from the asked name (the last prompt token,
+  ``... . tom``) to the colour that followed that name in the list.
 """
 from __future__ import annotations
 
@@ -82,20 +82,19 @@ def head_scores(model, tok, n: int = 60) -> dict[str, np.ndarray]:
         L = len(ids)
         t = np.arange(1, L)
         prev.append(a[:, :, t, t - 1].mean(-1))
+        words = e.prompt.split()
         if e.task == "copy":
-            n_words = len(e.prompt.split()) - 1  # minus the bar
-            first = np.arange(1, 1 + n_words)          # positions of w1..wn
-            second = first + n_words + 1               # after the bar
-            q, k = second[:-1], first[1:]              # from w_i (2nd) to w_{i+1} (1st)
-            ind.append(a[:, :, q, k].mean(-1))
+            bar = words.index("|")
+            seq = words[:bar]
+            k = seq.index(words[bar + 1]) if len(words) > bar + 1 else 0  # cue, or a full copy
+            n_second = len(seq) - k                       # words after the bar: seq[k:]
+            j = np.arange(k, k + n_second - 1)            # second occurrence of seq[j] ...
+            q = bar + 2 + (j - k)                         # (+1 for <bos>, +1 past the bar)
+            ind.append(a[:, :, q, j + 2].mean(-1))        # ... attends to seq[j+1], first occurrence
         else:
-            prompt_ids = tok.encode(e.prompt).ids
-            qpos = len(prompt_ids) - 1
-            name = e.prompt.split()[-3]
-            words = e.prompt.split()
-            # the fact "name has a colour object ." starts at word index j; +1 for <bos>
-            j = next(i for i in range(0, len(words) - 3, 6) if words[i] == name)
-            rec.append(a[:, :, qpos, 1 + j + 3])
+            name = words[-1]
+            i = next(i for i in range(0, len(words) - 1, 4) if words[i] == name)
+            rec.append(a[:, :, len(words), 1 + i + 1])    # from the asked name to its colour
     return {"previous_token": np.mean(prev, 0), "induction": np.mean(ind, 0), "recall": np.mean(rec, 0)}
 
 

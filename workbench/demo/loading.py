@@ -118,17 +118,20 @@ def load_mlx_lm(path: str | Path):
     return model, cfg
 
 
-def load_demo(path: str | Path, loader: str = "workbench") -> Demo:
-    """``loader``: "workbench" (``workbench.load``) or "mlx-lm" (the reference)."""
+def load_demo(path: str | Path, loader: str = "workbench", dtype: str | None = None) -> Demo:
+    """``loader``: "workbench" (``workbench.load``) or "mlx-lm" (the reference).
+    ``dtype``: compute dtype ("float32", "bfloat16"; None: the storage dtype)."""
     path = Path(path)
     cfg = _read_config(path)
     tok = _read_tokenizer(path)
     if loader == "mlx-lm":
         model, cfg = load_mlx_lm(path)
+        if dtype is not None:
+            model.set_dtype(getattr(mx, dtype))
         return Demo(path=path, config=cfg, tokenizer=tok, forward=model, loader="mlx-lm", _mlx_lm_model=model)
     import workbench
     try:
-        model = workbench.load(path)
+        model = workbench.load(path, dtype=dtype)
     except (ValueError, OSError) as e:
         raise UsageError(f"{path}: {e}") from None
     return Demo(path=path, config=cfg, tokenizer=tok, forward=model, loader="workbench.load", model=model)
