@@ -483,16 +483,17 @@ static inline float bf16_round(float x) {  /* round to nearest even bfloat16 (Na
     return y;
 }
 
-#ifdef WB_NO_F16
-#define f16_round(x) (x)
-typedef uint16_t _Float16;
+#ifdef WB_NO_F16  /* compilers without _Float16: float16 scales are refused (wb_affine returns -1) */
+static inline float f16_round(float x) { return x; }
+static inline float half_to_float(uint16_t h) { (void)h; return 0.0f; }
 #else
 static inline float f16_round(float x) { return (float)(_Float16)x; }
+static inline float half_to_float(uint16_t h) { _Float16 f; memcpy(&f, &h, 2); return (float)f; }
 #endif
 
 static inline float load_s(const void *p, int64_t i, int sdt) {
     if (sdt == 1) { uint32_t b = (uint32_t)((const uint16_t *)p)[i] << 16; float f; memcpy(&f, &b, 4); return f; }
-    if (sdt == 2) { _Float16 h; memcpy(&h, (const char *)p + 2 * i, 2); return (float)h; }
+    if (sdt == 2) return half_to_float(((const uint16_t *)p)[i]);
     return ((const float *)p)[i];
 }
 
