@@ -218,3 +218,13 @@ def test_recall_fails_exactly_beyond_the_sliding_window(demo):
     assert evaluate(demo.forward, demo.tokenizer, [near]).overall == 1.0
     assert evaluate(demo.forward, demo.tokenizer, [far]).overall == 0.0
 
+
+
+def test_mlx_lm_load_and_generate():
+    """The shipped checkpoints load with mlx-lm's own `load` (tokenizer included)."""
+    from mlx_lm import generate, load
+
+    for p in (paths.DEMO, paths.DEMO_4BIT):
+        model, tok = load(str(p))
+        out = generate(model, tok, "apple river stone cloud tree | apple", max_tokens=6, verbose=False)
+        assert out.strip() == "river stone cloud tree .", (p, out)
