@@ -488,6 +488,7 @@ def _scan_values(cx: _Ctx, report: Report, progress, chunk_bytes):
     pending = collections.deque()
 
     failed = {}
+    buffers = []  # chunk buffers, reused by every file's reader
 
     def drain(item):
         fut, (rd, token) = item
@@ -515,7 +516,7 @@ def _scan_values(cx: _Ctx, report: Report, progress, chunk_bytes):
                 spans.append((t.name, sf.abs_offset(t), t.end - t.begin))
             while pending:  # the previous file's chunks hold that file's reader's buffers
                 drain(pending.popleft())
-            reader = ChunkReader(sf.path, chunk_bytes, nbuf=2 * workers + 8)
+            reader = ChunkReader(sf.path, chunk_bytes, nbuf=2 * workers + 8, pool=buffers)
             rows_done = {}
             for key, b, token in _aligned(reader, spans, sf, qinfo, chunk_bytes):
                 if key not in stats:

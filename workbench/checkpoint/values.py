@@ -242,15 +242,33 @@ class ChunkReader:
     """Sequential chunked reads of byte ranges of one file, prefetched by a thread
     (numpy releases the GIL, so reading and statistics overlap)."""
 
-    def __init__(self, path: str, chunk: int = CHUNK_BYTES, depth: int = 4, nbuf: int = 16):
+    def __init__(self, path: str, chunk: int = CHUNK_BYTES, depth: int = 4, nbuf: int = 16, pool: list | None = None):
+        """``pool``: a list shared by the readers of one scan; a reader takes its buffers from it and
+        leaves them there when done, so the next file's reader reuses them (no fresh pages to
+        zero and fault in for every file)."""
         self.path, self.chunk, self.depth, self.nbuf = path, chunk, depth, max(nbuf, depth + 2)
         self.free: queue.Queue = queue.Queue()  # recycled buffers: no fresh pages to fault in per chunk
         self.made = 0
+        self.pool = pool
+        self.closed = False
 
     def release(self, buf):
         """Hand a buffer yielded by ``ranges`` back once its bytes are used."""
-        if buf is not None:
+        if buf is None:
+            return
+        if self.closed and self.pool is not None:
+            self.pool.append(buf)  # list.append is atomic under the GIL
+        else:
             self.free.put(buf)
+
+    def _close(self):
+        self.closed = True
+        if self.pool is not None:
+            while True:
+                try:
+                    self.pool.append(self.free.get_nowait())
+                except queue.Empty:
+                    return
 
     def _buffer(self, stop):
         while True:
@@ -259,6 +277,13 @@ class ChunkReader:
             except queue.Empty:
                 if self.made < self.nbuf:
                     self.made += 1
+                    if self.pool:
+                        try:
+                            b = self.pool.pop()
+                            if len(b) == self.chunk:
+                                return b
+                        except IndexError:
+                            pass
                     return bytearray(self.chunk)
             try:
                 return self.free.get(timeout=0.05)
@@ -327,6 +352,7 @@ class ChunkReader:
                     q.get_nowait()
                 except queue.Empty:
                     t.join(0.01)
+            self._close()
 
 
 def pread(path: str, offset: int, n: int) -> bytes:
