@@ -158,9 +158,10 @@ def test_cli_demo_generates(capsys):
 
 
 def test_cli_demo_eval(capsys):
-    assert cli_main(["demo", "--eval", "--json"]) == 0
+    assert cli_main(["demo", "--eval", "--n", "15", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["eval"]["passed"] and out["eval"]["overall"] >= THRESHOLD
+    assert out["eval"]["n"] == {"copy": 15, "recall": 15}
 
 
 def test_cli_demo_bad_path(tmp_path, capsys):
@@ -228,3 +229,26 @@ def test_mlx_lm_load_and_generate():
         model, tok = load(str(p))
         out = generate(model, tok, "apple river stone cloud tree | apple", max_tokens=6, verbose=False)
         assert out.strip() == "river stone cloud tree .", (p, out)
+
+
+def test_ablating_the_induction_heads_breaks_copy_and_eval_exits_1(tmp_path, capsys):
+    """Zeroing the named induction heads' output (their o_proj columns in layer 1) in a copy
+    of the checkpoint breaks copying: `workbench demo --eval` reports it, exit status 1."""
+    import shutil
+
+    from workbench.demo import NAMED_HEADS
+
+    layer, head, _ = NAMED_HEADS["induction"]
+    dst = tmp_path / "ablated"
+    shutil.copytree(paths.DEMO, dst)
+    w = mx.load(str(dst / "model.safetensors"))
+    name = f"model.layers.{layer}.self_attn.o_proj.weight"
+    hd = json.loads((dst / "config.json").read_text())["head_dim"]
+    keep = mx.ones((w[name].shape[1],))
+    keep[head * hd:(head + 2) * hd] = 0  # the named head and its near twin (head + 1)
+    w[name] = (w[name] * keep).astype(w[name].dtype)
+    mx.save_safetensors(str(dst / "model.safetensors"), w, metadata={"format": "mlx"})
+    assert cli_main(["demo", "--path", str(dst), "--eval", "--n", "15", "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert not out["eval"]["passed"] and out["eval"]["accuracy"]["copy"] < 0.5
+    assert mx.load(str(paths.DEMO / "model.safetensors"))[name].abs().sum().item() > 0  # original untouched

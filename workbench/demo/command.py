@@ -25,6 +25,7 @@ def add_arguments(p):
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                    help="compute dtype (default: the checkpoint's; float32 runs the 4-bit copy ~10x faster on CPU)")
     p.add_argument("--eval", action="store_true", help="held-out exact-match accuracy per task")
+    p.add_argument("--n", type=int, default=100, help="--eval: held-out examples per task (default 100)")
     p.add_argument("--heads", action="store_true", help="measure previous-token / induction / recall heads")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -49,7 +50,10 @@ def run(args) -> int:
                     "completion_ids": gen})
     if args.eval:
         from workbench.demo.evaluate import evaluate
-        res = evaluate(demo.forward, demo.tokenizer)
+        from workbench.demo import corpus
+        if args.n < 1:
+            raise UsageError("--n must be at least 1")
+        res = evaluate(demo.forward, demo.tokenizer, corpus.heldout(args.n))
         out["eval"] = res.to_dict()
         status = 0 if res.passed else 1
     if args.heads:
