@@ -532,7 +532,12 @@ def _scan_values(cx: _Ctx, report: Report, progress, chunk_bytes):
                     task = (key, b, t.dtype, (t.shape[-1], spec, sc, bi, row, rows))
                 else:
                     task = (key, b, scale_fmt.get(key, t.dtype), None)
-                pending.append((pool.submit(_chunk_stats_safe, ck, task), (reader, token)))
+                if len(b) < _INLINE:  # small tensors (norms, scales): no thread hand-off
+                    fut = cf.Future()
+                    fut.set_result(_chunk_stats_safe(ck, task))
+                else:
+                    fut = pool.submit(_chunk_stats_safe, ck, task)
+                pending.append((fut, (reader, token)))
                 while len(pending) > 2 * workers:
                     drain(pending.popleft())
         while pending:
@@ -561,6 +566,7 @@ def _scan_values(cx: _Ctx, report: Report, progress, chunk_bytes):
 
 
 _TLS = threading.local()
+_INLINE = 1 << 18  # chunks smaller than this (bytes) are done on the reading thread
 _SUB = 1 << 17  # elements per statistics pass (256 KB of BF16): stays in the L2 cache
 
 
