@@ -33,9 +33,12 @@ class Demo:
 
     @property
     def mlx_lm_model(self):
-        """mlx-lm's gemma4_text Model on the same checkpoint (the reference)."""
+        """mlx-lm's gemma4_text Model on the same checkpoint (the reference), computing in
+        float32 (exact patterns; MLX's CPU gather_mm for MoE runs float32 only)."""
         if self._mlx_lm_model is None:
-            self._mlx_lm_model = load_mlx_lm(self.path)[0]
+            m = load_mlx_lm(self.path)[0]
+            m.set_dtype(mx.float32)
+            self._mlx_lm_model = m
         return self._mlx_lm_model
 
     def generate(self, ids: list[int], max_tokens: int, stop_at_eos: bool = True) -> list[int]:
