@@ -557,8 +557,8 @@ plots.residual_norm_plot(tr, tokens=tokens)
         to copy yet, it parks its attention on `<bos>`, as idle heads do.
         """),
         code("""
-INDUCTION_HEAD = (1, 1)   # (layer, head): notebook 03 shows how it is found
-layer, head = INDUCTION_HEAD
+from workbench.demo import NAMED_HEADS      # measured heads of the demo model (docs/demo.md)
+layer, head, score = NAMED_HEADS["induction"]
 plots.attention_pattern(tr.value(f"layers.{layer}.self_attn.softmax"), head=head, tokens=tokens,
                         title=f"layers.{layer} head {head}: induction")
 """),
@@ -698,9 +698,9 @@ print("rows sum to 1:", np.allclose(p.sum(-1), 1, atol=1e-5))
 print("future is zero:", float(np.triu(p, k=1).max()) == 0.0)
 """),
         md("""
-        Layers alternate between **sliding-window** attention (a token sees only the last few
-        tokens: cheap, local) and **full** attention (sees everything), with different head sizes
-        and RoPE settings:
+        Gemma 4 has two kinds of attention layers: **sliding-window** attention (a token sees only the
+        last few tokens: cheap, local) and **full** attention (sees everything), with different head
+        sizes and RoPE settings. This model has three sliding layers, then one full layer:
         """),
         code("""
 for i, kind in enumerate(cfg["layer_types"]):
@@ -747,12 +747,13 @@ PREV = tuple(int(x) for x in np.unravel_index(earlier.argmax(), earlier.shape))
 print("induction head (layer, head):", INDUCTION, "| previous-token head before it:", PREV)
 """),
         md("""
-        One induction head stands out. It can only use what earlier layers wrote into the residual
-        stream, so the previous-token head it relies on must sit in an *earlier* layer: we take the
-        best one there (later layers have previous-token-like heads too, doing other jobs). Their
-        patterns on our prompt: the previous-token head is a stripe just below the diagonal; the
-        induction head, after the `|`, is a stripe shifted to the word *after* each word's first
-        occurrence.
+        Layer 1 holds the induction heads — two of them, near twins scoring almost the same
+        (docs/demo.md, measuring on more texts, names head 0; here head 1 edges ahead). An
+        induction head can only use what earlier layers wrote into the residual stream, so the
+        previous-token head it relies on must sit in an *earlier* layer: we take the best one there
+        (later layers have previous-token-like heads too, doing other jobs). Their patterns on our
+        prompt: the previous-token head is a stripe just below the diagonal; the induction head,
+        after the `|`, is a stripe shifted to the word *after* each word's first occurrence.
         """),
         code("""
 for role, (layer, head) in {"previous-token": PREV, "induction": INDUCTION}.items():
@@ -1432,8 +1433,8 @@ for k, t in enumerate(g.traces):
         *after* the previous occurrence of the current word:
         """),
         code("""
-INDUCTION_HEAD = (1, 1)   # (layer, head): notebook 03 shows how it is found
-layer, head = INDUCTION_HEAD
+from workbench.demo import NAMED_HEADS      # measured heads of the demo model (docs/demo.md)
+layer, head, score = NAMED_HEADS["induction"]
 all_tokens = [model.decode([i]) for i in prompt_ids + g.tokens]
 for k, t in enumerate(g.traces[1:], start=1):
     row = np.array(t.value(f"layers.{layer}.self_attn.softmax"))[0, head, -1]   # [positions so far]
