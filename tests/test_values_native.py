@@ -123,6 +123,9 @@ def _quantized(bits, gs, sdt, case, rows=6, cols=512, seed=1):
         b = -s * rng.integers(0, 2 ** bits, s.shape).astype(np.float32)
         s[0, :2] = 0
         b[0, 0] = 0
+    elif case == "offset":  # values far from zero: mean >> spread, the sums must not cancel
+        s = np.abs(s) * np.float32(0.01)
+        b = np.float32(100) + b * np.float32(0.01)
     elif case == "nonfinite":  # NaN / Inf scales or biases, and levels that overflow to Inf
         s[0, 0], b[1, 0], s[2, 1], b[3, 0] = np.nan, np.inf, -np.inf, -np.inf
         s[4, 0], b[4, 0] = 3e38, 1e38
@@ -141,7 +144,7 @@ SDT = {mx.bfloat16: "BF16", mx.float16: "F16", mx.float32: "F32"}
 
 
 @pytest.mark.parametrize("scalar", [False, True], ids=["simd", "scalar"])
-@pytest.mark.parametrize("case", ["quantize", "random", "zero-levels", "nonfinite"])
+@pytest.mark.parametrize("case", ["quantize", "random", "zero-levels", "offset", "nonfinite"])
 @pytest.mark.parametrize("bits,gs", [(4, 64), (4, 32), (4, 128), (2, 64), (8, 64)])
 @pytest.mark.parametrize("sdt", [mx.bfloat16, mx.float16, mx.float32], ids=["bf16", "f16", "f32"])
 def test_affine_native_matches_mx_dequantize(sdt, bits, gs, case, scalar, monkeypatch):

@@ -558,6 +558,13 @@ static inline __m512 bf16_round16(__m512 x) {
     return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32((int)0xFFFF0000u)));
 }
 
+static inline __m512 bf16_round16_finite(__m512 x) {  /* no NaN possible in x */
+    __m512i b = _mm512_castps_si512(x);
+    __m512i r = _mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7FFF)),
+                                 _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1)));
+    return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32((int)0xFFFF0000u)));
+}
+
 static inline __m512 f16_round16(__m512 x) {
     return _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
@@ -566,6 +573,8 @@ static inline __m512 f16_round16(__m512 x) {
 static inline __m512 levels16(float s, float b, int sdt) {
     const __m512 q = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     __m512 sv = _mm512_set1_ps(s), bv = _mm512_set1_ps(b);
+    if (sdt == 1 && __builtin_isfinite(s) && __builtin_isfinite(b))  /* then s * q + b is never NaN */
+        return bf16_round16_finite(_mm512_add_ps(bf16_round16_finite(_mm512_mul_ps(sv, q)), bv));
     if (sdt == 1) return bf16_round16(_mm512_add_ps(bf16_round16(_mm512_mul_ps(sv, q)), bv));
     if (sdt == 2) return f16_round16(_mm512_add_ps(f16_round16(_mm512_mul_ps(sv, q)), bv));
     return _mm512_add_ps(_mm512_mul_ps(sv, q), bv);
@@ -586,10 +595,10 @@ static int64_t affine4_avx512(const uint32_t *w, const void *sc, const void *bi,
     __m512 mn = _mm512_set1_ps(__builtin_inff()), mx = _mm512_set1_ps(-__builtin_inff());
     __m512d d1a = _mm512_setzero_pd(), d1b = _mm512_setzero_pd(), d2a = _mm512_setzero_pd(), d2b = _mm512_setzero_pd();
     int64_t zeros = 0, nfast = 0;
-    __m512i cz = _mm512_setzero_si512();  /* per-lane zero counts, folded into zeros every group */
+    __m512i cz = _mm512_setzero_si512(), cz2 = cz;  /* per-lane zero counts, folded into zeros every group */
+    __m512 mn2 = mn, mx2 = mx;
     const __m512i one = _mm512_set1_epi32(1);
-    float k = 0;
-    int have = 0;
+    double k = 0;
     int64_t g = 0;
     for (; g + gpb <= G; g += gpb) {
         const __m512 ta = levels16(load_s(sc, g, sdt), load_s(bi, g, sdt), sdt);
@@ -602,35 +611,49 @@ static int64_t affine4_avx512(const uint32_t *w, const void *sc, const void *bi,
                 group_scalar(w + (g + j) * gw, load_s(sc, g + j, sdt), load_s(bi, g + j, sdt), sdt, 4, gs, t, fill, a);
             continue;
         }
-        if (!have) { k = _mm512_cvtss_f32(ta); have = 1; }
-        const __m512 kv = _mm512_set1_ps(k), z = _mm512_setzero_ps();
+        const __m512 z = _mm512_setzero_ps();
         for (int64_t bl = 0; bl < bpg; bl++) {
             const __m512i x = _mm512_loadu_si512((const void *)(w + g * gw + bl * 16));
-            __m512 f1 = _mm512_setzero_ps(), f2 = _mm512_setzero_ps();
-            for (int e = 0; e < 8; e++) {
+            __m512 f1 = _mm512_setzero_ps(), f2 = _mm512_setzero_ps(), g1 = f1, g2 = f2;
+            for (int e = 0; e < 8; e += 2) {  /* two independent accumulator chains */
                 /* (x >> 4e) & 15 | hi in one ternary-logic op */
-                __m512i idx = _mm512_ternarylogic_epi32(_mm512_srli_epi32(x, 4 * e), m15, hi, 0xea);
-                __m512 v = _mm512_permutex2var_ps(ta, idx, tb);
+                __m512i ia = _mm512_ternarylogic_epi32(_mm512_srli_epi32(x, 4 * e), m15, hi, 0xea);
+                __m512i ib = _mm512_ternarylogic_epi32(_mm512_srli_epi32(x, 4 * e + 4), m15, hi, 0xea);
+                __m512 v = _mm512_permutex2var_ps(ta, ia, tb), u = _mm512_permutex2var_ps(ta, ib, tb);
                 mn = _mm512_min_ps(mn, v);
                 mx = _mm512_max_ps(mx, v);
+                mn2 = _mm512_min_ps(mn2, u);
+                mx2 = _mm512_max_ps(mx2, u);
                 cz = _mm512_mask_add_epi32(cz, _mm512_cmp_ps_mask(v, z, _CMP_EQ_OQ), cz, one);
-                __m512 d = _mm512_sub_ps(v, kv);
-                f1 = _mm512_add_ps(f1, d);
-                f2 = _mm512_fmadd_ps(d, d, f2);
+                cz2 = _mm512_mask_add_epi32(cz2, _mm512_cmp_ps_mask(u, z, _CMP_EQ_OQ), cz2, one);
+                f1 = _mm512_add_ps(f1, v);  /* sums unshifted; cancellation is checked below */
+                f2 = _mm512_fmadd_ps(v, v, f2);
+                g1 = _mm512_add_ps(g1, u);
+                g2 = _mm512_fmadd_ps(u, u, g2);
             }
+            f1 = _mm512_add_ps(f1, g1);
+            f2 = _mm512_add_ps(f2, g2);
             d1a = _mm512_add_pd(d1a, _mm512_cvtps_pd(_mm512_castps512_ps256(f1)));
             d1b = _mm512_add_pd(d1b, _mm512_cvtps_pd(_mm512_extractf32x8_ps(f1, 1)));
             d2a = _mm512_add_pd(d2a, _mm512_cvtps_pd(_mm512_castps512_ps256(f2)));
             d2b = _mm512_add_pd(d2b, _mm512_cvtps_pd(_mm512_extractf32x8_ps(f2, 1)));
         }
         nfast += gpb * gs;
-        if ((g & 0xFFFF) == 0) { zeros += _mm512_reduce_add_epi32(cz); cz = _mm512_setzero_si512(); }
+        if ((g & 0xFFFF) == 0) {
+            zeros += _mm512_reduce_add_epi32(_mm512_add_epi32(cz, cz2));
+            cz = cz2 = _mm512_setzero_si512();
+        }
     }
-    zeros += _mm512_reduce_add_epi32(cz);
+    zeros += _mm512_reduce_add_epi32(_mm512_add_epi32(cz, cz2));
+    mn = _mm512_min_ps(mn, mn2);
+    mx = _mm512_max_ps(mx, mx2);
     if (nfast) {
         double s1 = _mm512_reduce_add_pd(_mm512_add_pd(d1a, d1b)), s2 = _mm512_reduce_add_pd(_mm512_add_pd(d2a, d2b));
         float lo = _mm512_reduce_min_ps(mn), up = _mm512_reduce_max_ps(mx);
-        if (REDO((double)up, (double)lo, (double)k)) {  /* float squares would under- or overflow: redo in double */
+        /* float squares would under- or overflow, or the mean dwarfs the spread (cancellation in
+           s2 - s1^2 / n): redo the sums in double, shifted by the mid-range */
+        if (REDO((double)up, (double)lo, 0.0) || !(s2 - s1 * s1 / (double)nfast >= 1e-3 * s2)) {
+            k = 0.5 * ((double)lo + (double)up);
             float lv[16];
             s1 = s2 = 0;
             for (int64_t h = 0; h < g; h++) {
@@ -647,7 +670,7 @@ static int64_t affine4_avx512(const uint32_t *w, const void *sc, const void *bi,
         }
         /* re-base the shifted sums onto the accumulator's k */
         if (!a->have_k) { a->k = k; a->have_k = 1; }
-        double c = (double)k - a->k;  /* sum (v - ak) = sum (v - k) + n c */
+        double c = k - a->k;  /* sum (v - ak) = sum (v - k) + n c */
         a->s2 += s2 + 2 * c * s1 + (double)nfast * c * c;
         a->s1 += s1 + (double)nfast * c;
         a->n += nfast;
