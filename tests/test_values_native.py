@@ -180,3 +180,13 @@ def test_inspect_native_equals_fallback(tmp_path, monkeypatch):
         if b["mean"] is not None:
             assert a["mean"] == pytest.approx(b["mean"], rel=1e-4, abs=1e-6 * (b["std"] or 1))
             assert a["std"] == pytest.approx(b["std"], rel=1e-4)
+
+
+def test_affine_native_refuses_short_scales():
+    # scales or biases shorter than the packed rows need: no out-of-bounds read, the caller's path instead
+    wb, sb, bb, ref, shape = _quantized(4, 64, mx.bfloat16, "quantize")
+    spec = QuantSpec("affine", 4, 64)
+    assert V.affine_stats(wb, sb[:-2], bb, shape[0], shape[1], spec, "BF16") is None
+    assert V.affine_stats(wb, sb, bb[:-2], shape[0], shape[1], spec, "BF16") is None
+    assert V.affine_stats(wb[:-4], sb, bb, shape[0], shape[1], spec, "BF16") is None
+    assert V.affine_stats(wb, sb, bb, shape[0], shape[1], spec, "BF16") is not None

@@ -813,8 +813,10 @@ def affine_stats(wbytes, sbytes, bbytes, rows: int, packed: int, spec, sdtype: s
     w = np.frombuffer(wbytes, np.uint32)
     sc = np.frombuffer(sbytes, np.uint8)
     bi = np.frombuffer(bbytes, np.uint8)
-    if w.size != rows * packed or sc.size != bi.size:
-        return None
+    per_row = packed * 32 // spec.bits // spec.group_size if spec.bits and spec.group_size else 0
+    want = rows * per_row * (4 if sdtype == "F32" else 2)  # scales / biases bytes the kernel will read
+    if w.size != rows * packed or per_row <= 0 or sc.size != want or bi.size != want:
+        return None  # (short reads, odd layouts) the caller's checked path reports it
     a = _new_acc()
     if lib.wb_affine(w.ctypes.data, sc.ctypes.data, bi.ctypes.data, _SDT[sdtype], rows, packed, spec.bits,
                      spec.group_size, ctypes.byref(a)) != 0:
