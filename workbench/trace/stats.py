@@ -135,6 +135,20 @@ def on_cpu() -> bool:
     return mx.default_device().type == mx.DeviceType.cpu
 
 
+def use_host() -> bool:
+    """Whether statistics are computed through host views (:func:`host_stats`) rather than
+    on the device (:func:`device_stats`): on the CPU by default; ``WORKBENCH_STATS=device``
+    or ``=host`` forces a path (to exercise the GPU path on a CPU-only machine)."""
+    import os
+
+    force = os.environ.get("WORKBENCH_STATS", "").strip().lower()
+    if force == "device":
+        return False
+    if force == "host":
+        return True
+    return on_cpu()
+
+
 _local = threading.local()
 
 
@@ -230,7 +244,7 @@ class Pending:
                 mx.eval(list(also))
             self._dicts = []
             return
-        if on_cpu() if host is None else host:
+        if use_host() if host is None else host:
             views = [mx.view(v, mx.uint16) if v.dtype == mx.bfloat16 else v for v in values]
             mx.eval(views + list(also))
             jobs = [(np.asarray(w).reshape(-1), v.dtype, v.size) for v, w in zip(values, views)]
@@ -240,16 +254,7 @@ class Pending:
             else:
                 self._dicts = run()
             return
-        ps = [packed(v) for v in values]
-        mx.eval([p for p in ps if p is not None] + list(also))
-        rows = [None if p is None else np.array(p) for p in ps]
-        need = [i for i, r in enumerate(rows) if r is not None and needs_exact(r, values[i].dtype)]
-        exs = {}
-        if need:
-            arrs = [exact(values[i]) for i in need]
-            mx.eval(arrs)
-            exs = {i: np.array(a) for i, a in zip(need, arrs)}
-        self._dicts = [finish(rows[i], values[i].size, values[i].dtype, exs.get(i)) for i in range(len(values))]
+        self._dicts = device_stats(values, also)
 
     def result(self) -> list[dict]:
         if self._dicts is None:
@@ -257,6 +262,108 @@ class Pending:
             self._future = None
         return self._dicts
 
+
+
+# --------------------------------------------------------------------------- device path
+#: partial reductions per op: each op's output (as float32) is viewed as [r, n / r] rows and
+#: reduced along them to [6, r] (r = gcd(n, _R), padded to _R); the host finishes in float64.
+_R = 128
+_PART_FNS: dict = {}
+
+
+def _part_fn(dtype, n: int):
+    """A compiled function x -> float32 [6, _R] of row partials: max over the non-fill
+    elements, max of their negation (-> min), sum, sum of squares (fill excluded), number
+    of zeros, number of fill elements (the dtype's lowest finite value).  Two reduction
+    kernels (one max over a broadcast [2, r, c], one sum over a broadcast [4, r, c]) plus
+    the fused elementwise work, per op."""
+    r = math.gcd(n, _R)
+    key = (dtype, r)
+    fn = _PART_FNS.get(key)
+    if fn is not None:
+        return fn
+    dmax = dtype_max(dtype)
+    sgn = mx.array([1.0, -1.0]).reshape(2, 1, 1)
+    sel = [mx.array([i == j for j in range(4)]).reshape(4, 1, 1) for i in range(3)]
+    pad = None
+    if r != _R:
+        pad = mx.concatenate([mx.full((2, _R - r), -mx.inf), mx.zeros((4, _R - r))])
+
+    def part(x):
+        f = x.reshape(r, -1)
+        if f.dtype != mx.float32:
+            f = f.astype(mx.float32)
+        if dmax is not None:
+            fill = f == -dmax
+            g = mx.where(fill, 0.0, f)
+            hl = mx.where(fill, -mx.inf, f * sgn)
+            cf = fill.astype(mx.float32)
+        else:
+            g, hl, cf = f, f * sgn, mx.zeros_like(f)
+        mm = hl.max(axis=-1)
+        zero = (f == 0).astype(mx.float32)
+        sums = mx.where(sel[0], g, mx.where(sel[1], g * g, mx.where(sel[2], zero, cf))).sum(axis=-1)
+        out = mx.concatenate([mm, sums])
+        if pad is not None:
+            out = mx.concatenate([out, pad], axis=1)
+        return out
+
+    import os
+
+    fn = _PART_FNS[key] = part if os.environ.get("WORKBENCH_STATS_COMPILE", "1") == "0" else mx.compile(part)
+    return fn
+
+
+def device_parts(x: mx.array) -> mx.array:
+    """Lazy float32 [6, _R] row partials of one op's output (see :func:`_part_fn`)."""
+    return _part_fn(x.dtype, x.size)(x)
+
+
+def device_stats(values: Sequence[mx.array], also: Sequence[mx.array] = ()) -> list[dict]:
+    """Stats dicts of a batch of (lazy) arrays on the device: per op one compiled partial
+    reduction, all of them stacked into one small array evaluated with ``also`` in one
+    ``mx.eval`` and read back at once; the host finishes them in float64 (exact counts).
+    Ops whose sums are not finite (NaN / Inf somewhere) get the exact pass (:func:`exact`,
+    one more ``mx.eval`` for all of them)."""
+    idx = [i for i, v in enumerate(values) if v.size]
+    out: list = [None if v.size else finish(None, 0, v.dtype) for v in values]
+    if not idx:
+        if also:
+            mx.eval(list(also))
+        return out
+    stacked = mx.stack([device_parts(values[i]) for i in idx])
+    mx.eval([stacked, *also])
+    P = np.array(stacked)
+    with np.errstate(all="ignore"):
+        hi = P[:, 0].max(axis=-1).astype(np.float64)
+        lo = -P[:, 1].max(axis=-1).astype(np.float64)
+        sums = P[:, 2:].sum(axis=-1, dtype=np.float64)
+    s, ss, zeros, fill = sums[:, 0], sums[:, 1], sums[:, 2], sums[:, 3]
+    ok = np.isfinite(hi) & np.isfinite(lo) & np.isfinite(s) & np.isfinite(ss)
+    ns = np.array([values[i].size for i in idx], dtype=np.float64)
+    cnt = ns - fill
+    with np.errstate(all="ignore"):
+        mean = s / cnt
+        std = np.sqrt(np.maximum(ss / cnt - mean * mean, 0.0))
+    absmax = np.maximum(np.abs(lo), np.abs(hi))
+    zf = zeros / ns
+    rows = zip(lo.tolist(), hi.tolist(), mean.tolist(), std.tolist(), absmax.tolist(), zf.tolist(),
+               fill.tolist(), ok.tolist())
+    need = []
+    for k, (i, (a, b, m, sd, am, z, fl, good)) in enumerate(zip(idx, rows)):
+        if not good:
+            need.append(i)
+            continue
+        dmax = dtype_max(values[i].dtype)
+        out[i] = {"min": a, "max": b, "mean": m, "std": sd, "absmax": am, "nan": 0, "posinf": 0, "neginf": 0,
+                  "zero_frac": z, "headroom": None if dmax is None else am / dmax, "masked": int(fl)}
+    if need:
+        arrs = [exact(values[i]) for i in need]
+        mx.eval(arrs)
+        for i, a, k in zip(need, arrs, [idx.index(j) for j in need]):
+            p = np.array([0, 0, 0, 0, zeros[k]], dtype=np.float64)
+            out[i] = finish(p, values[i].size, values[i].dtype, np.array(a))
+    return out
 
 def evaluate(values: Sequence[mx.array], also: Sequence[mx.array] = (), host: bool | None = None) -> list[dict]:
     """Stats dicts of several (lazy) arrays, evaluated together with ``also`` in one

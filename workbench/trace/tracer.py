@@ -301,14 +301,15 @@ class Trace:
             self._pending_bytes += out.nbytes
         return step
 
-    def _flush(self, wait: bool = False) -> None:
-        """Evaluate every pending op (and captured value) with one ``mx.eval``; their
-        statistics are computed in the background (CPU) and collected by :meth:`_sync`."""
+    def _flush(self, wait: bool = False, also=()) -> None:
+        """Evaluate every pending op (and captured value, and ``also``) with one ``mx.eval``;
+        their statistics are computed in the background (CPU) and collected by :meth:`_sync`."""
         pend = self._pending
         if pend:
             self._pending = []
             self._pending_bytes = 0
             kept = [v for _, v, k in pend if k]
+            kept.extend(also)
             if self._stats_on:
                 self._inflight.append(([s for s, _, _ in pend],
                                        _stats.Pending([v for _, v, _ in pend], kept, background=True)))
@@ -317,6 +318,8 @@ class Trace:
             for step, v, keep in pend:
                 if keep:
                     self._store.put(self._prefix + step.name, v)
+        elif also:
+            mx.eval(list(also))
         if wait:
             self._sync()
 
@@ -370,6 +373,7 @@ class Trace:
             self._stats_on = True  # predicates and NONFINITE need statistics
         name_bps = [b for b in self.breakpoints if isinstance(b, str) and b != NONFINITE]
         last = None
+        evaluated = False
         while self.position < end:
             start = self.position
             snap = (dict(self._env), _snap(getattr(self.ctx, "cache", None))) if spec else None
@@ -382,7 +386,10 @@ class Trace:
                     break
                 if self._pending_bytes >= self.flush_bytes:
                     break
-            self._flush(wait=spec)
+            # the logits are evaluated with the last batch's statistics (one mx.eval)
+            also = [self._env[self._last_name]] if self.done else []
+            self._flush(wait=spec, also=also)
+            evaluated = bool(also)
             if spec:
                 for s in self._steps[start:]:
                     if self._hit(s):
@@ -392,8 +399,8 @@ class Trace:
             if name_stop is not None:
                 self._sync()
                 return name_stop
-        if self.done:
-            mx.eval(self._env[self._last_name])
+        if self.done and not evaluated:
+            self._flush(also=[self._env[self._last_name]])
         self._flush(wait=True)
         return last
 

@@ -1,0 +1,89 @@
+"""The device (GPU) statistics path, exercised on the CPU: one compiled partial reduction
+per op, every op's statistics and the logits evaluated in one ``mx.eval``; exact counts."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import workbench
+import mlx.core as mx
+
+from workbench.trace import stats as S
+
+DEMO = Path(__file__).resolve().parents[1] / "assets" / "demo"
+
+
+def _ref(a: np.ndarray, dtype) -> dict:
+    dmax = S.dtype_max(dtype)
+    a = a.astype(np.float64).reshape(-1)
+    fill = a == -dmax
+    ok = np.isfinite(a) & ~fill
+    f = a[ok]
+    return {"nan": int(np.isnan(a).sum()), "posinf": int(np.isposinf(a).sum()), "neginf": int(np.isneginf(a).sum()),
+            "masked": int(fill.sum()), "zero_frac": float((a == 0).mean()),
+            "min": f.min(), "max": f.max(), "mean": f.mean(), "std": f.std()}
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16, mx.float16])
+@pytest.mark.parametrize("n", [1, 7, 128, 1000, 4099, 3 * 128 * 50])
+def test_device_statistics_match_numpy(dtype, n):
+    rng = np.random.default_rng(n)
+    base = (rng.standard_normal(n) * 30).astype(np.float32)
+    base[rng.integers(0, n, max(1, n // 9))] = 0
+    variants = [base]
+    if n >= 7:
+        masked = base.copy()
+        masked[: n // 3] = -S.dtype_max(dtype)
+        bad = base.copy()
+        bad[1], bad[3], bad[5] = np.nan, np.inf, -np.inf
+        variants += [masked, bad]
+    vals = [mx.array(v).astype(dtype) for v in variants]
+    got = S.device_stats(vals)
+    for v, st in zip(vals, got):
+        ref = _ref(np.array(v.astype(mx.float32)), dtype)
+        for k in ("nan", "posinf", "neginf", "masked"):
+            assert st[k] == ref[k], k
+        assert st["zero_frac"] == ref["zero_frac"]
+        assert (st["min"], st["max"]) == (ref["min"], ref["max"])
+        assert st["mean"] == pytest.approx(ref["mean"], rel=1e-5, abs=1e-5)
+        assert st["std"] == pytest.approx(ref["std"], rel=1e-4, abs=1e-5)
+        assert st["headroom"] == (math.inf if ref["posinf"] or ref["neginf"]
+                                  else pytest.approx(max(abs(ref["min"]), abs(ref["max"])) / S.dtype_max(dtype)))
+
+
+def test_all_masked_and_integer_outputs():
+    dt = mx.float16
+    allfill = mx.full((4, 256), -S.dtype_max(dt), dt)
+    ints = mx.array([3, 0, -2, 0], mx.int32)
+    a, b = S.device_stats([allfill, ints])
+    assert a["masked"] == 1024 and a["nan"] == 0 and math.isnan(a["mean"])
+    assert (b["min"], b["max"], b["zero_frac"], b["headroom"]) == (-2, 3, 0.5, None)
+
+
+def test_device_path_trace_is_one_evaluation_and_agrees_with_host(monkeypatch):
+    model = workbench.load(DEMO)
+    ids = [(5 * i + 2) % model.vocab_size for i in range(40)]
+    host = workbench.trace(model, ids, capture="stats", dtype="bfloat16")
+    host.run()
+    monkeypatch.setenv("WORKBENCH_STATS", "device")
+    assert not S.use_host()
+    calls = []
+    real = mx.eval
+    monkeypatch.setattr(mx, "eval", lambda *a: (calls.append(len(a)), real(*a))[1])
+    dev = workbench.trace(model, ids, capture="stats", dtype="bfloat16")
+    dev.run()
+    assert len(calls) == 1  # logits + every op's statistics, no per-op synchronisation
+    monkeypatch.setattr(mx, "eval", real)
+    assert np.array_equal(np.array(dev.logits.astype(mx.float32)), np.array(host.logits.astype(mx.float32)))
+    for n in host.ops:
+        h, d = host.stats(n), dev.stats(n)
+        for k in S.KEYS:
+            if h[k] is None or (isinstance(h[k], float) and math.isnan(h[k])):
+                assert d[k] is None or math.isnan(d[k]), (n, k)
+            elif k in ("nan", "posinf", "neginf", "masked", "zero_frac", "min", "max", "absmax"):
+                assert h[k] == d[k], (n, k)
+            else:
+                assert h[k] == pytest.approx(d[k], rel=1e-4, abs=1e-5), (n, k)
