@@ -274,36 +274,38 @@ _PART_FNS: dict = {}
 def _part_fn(dtype, n: int):
     """A compiled function x -> float32 [6, _R] of row partials: max over the non-fill
     elements, max of their negation (-> min), sum, sum of squares (fill excluded), number
-    of zeros, number of fill elements (the dtype's lowest finite value).  Two reduction
-    kernels (one max over a broadcast [2, r, c], one sum over a broadcast [4, r, c]) plus
-    the fused elementwise work, per op."""
+    of zeros, number of fill elements (the dtype's lowest finite value).  Four kernels per
+    op: one fused elementwise pass writing a [6, r, c] float32 view, one max over its first
+    two rows, one sum over the other four, one concatenation."""
     r = math.gcd(n, _R)
     key = (dtype, r)
     fn = _PART_FNS.get(key)
     if fn is not None:
         return fn
     dmax = dtype_max(dtype)
-    sgn = mx.array([1.0, -1.0]).reshape(2, 1, 1)
-    sel = [mx.array([i == j for j in range(4)]).reshape(4, 1, 1) for i in range(3)]
+    col = lambda v, dt=mx.float32: mx.array(v, dt).reshape(6, 1, 1)  # noqa: E731
+    sgn = col([1, -1, 1, 0, 0, 0])
+    is_sq = col([0, 0, 0, 1, 0, 0], mx.bool_)
+    excl = col([1, 1, 1, 1, 0, 0], mx.bool_)
+    excl_to = col([-math.inf, -math.inf, 0, 0, 0, 0])
+    is_zero = col([0, 0, 0, 0, 1, 0], mx.bool_)
+    is_fill = col([0, 0, 0, 0, 0, 1], mx.bool_)
     pad = None
     if r != _R:
         pad = mx.concatenate([mx.full((2, _R - r), -mx.inf), mx.zeros((4, _R - r))])
+    consts = [sgn, is_sq, excl, excl_to, is_zero, is_fill] + ([pad] if pad is not None else [])
+    mx.eval(consts)
 
     def part(x):
         f = x.reshape(r, -1)
         if f.dtype != mx.float32:
             f = f.astype(mx.float32)
-        if dmax is not None:
-            fill = f == -dmax
-            g = mx.where(fill, 0.0, f)
-            hl = mx.where(fill, -mx.inf, f * sgn)
-            cf = fill.astype(mx.float32)
-        else:
-            g, hl, cf = f, f * sgn, mx.zeros_like(f)
-        mm = hl.max(axis=-1)
-        zero = (f == 0).astype(mx.float32)
-        sums = mx.where(sel[0], g, mx.where(sel[1], g * g, mx.where(sel[2], zero, cf))).sum(axis=-1)
-        out = mx.concatenate([mm, sums])
+        fill = (f == -dmax) if dmax is not None else mx.zeros(f.shape, mx.bool_)
+        v = mx.where(is_sq, f * f, f * sgn)
+        v = mx.where(excl & fill, excl_to, v)
+        v = mx.where(is_zero, (f == 0).astype(mx.float32), v)
+        v = mx.where(is_fill, fill.astype(mx.float32), v)
+        out = mx.concatenate([v[:2].max(axis=-1), v[2:].sum(axis=-1)])
         if pad is not None:
             out = mx.concatenate([out, pad], axis=1)
         return out

@@ -86,8 +86,14 @@ def _fmt(v) -> str:
     return str(v)
 
 
+_DTYPE_STR: dict = {}
+
+
 def _dtype_str(d) -> str:
-    return str(d).replace("mlx.core.", "")
+    s = _DTYPE_STR.get(d)
+    if s is None:
+        s = _DTYPE_STR[d] = str(d).replace("mlx.core.", "")
+    return s
 
 
 # --------------------------------------------------------------------------- cache snapshots
