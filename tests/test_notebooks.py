@@ -49,3 +49,35 @@ def test_nbval(name):
     tail = (r.stdout + r.stderr)[-6000:]
     assert r.returncode == 0, f"nbval failed on {name}:\n{tail}"
     assert " passed" in r.stdout and " failed" not in r.stdout, tail
+
+
+def test_sanitizers_only_blank_what_varies():
+    """The sanitizers must not hide real content, or nbval would compare nothing."""
+    import configparser
+    import re
+
+    cfg = configparser.ConfigParser()
+    cfg.read(NB_DIR / "nbval_sanitize.cfg")
+    pats = [(cfg[s]["regex"], cfg[s]["replace"]) for s in cfg.sections()]
+
+    def sanitize(t):
+        for rx, rep in pats:
+            t = re.sub(rx, rep, t)
+        return t
+
+    assert sanitize("step took 12.5 ms at 0x7f3a2c001234 in /tmp/tmpab12cd/x") == "step took <TIME> at <ADDR> in <TMP>"
+    kept = total = 0
+    for name in NOTEBOOKS:
+        nb = json.loads((NB_DIR / name).read_text())
+        for c in nb["cells"]:
+            tags = c.get("metadata", {}).get("tags", [])
+            if c["cell_type"] != "code" or "nbval-ignore-output" in tags:
+                continue
+            for o in c.get("outputs", []):
+                if o.get("output_type") == "stream":
+                    text = "".join(o["text"])
+                    total += len(text)
+                    kept += sum(a == b for a, b in zip(text, sanitize(text)))
+    assert total > 5000 and kept / total > 0.9, (kept, total)
+    nb02 = (NB_DIR / "02_weights.ipynb").read_text()
+    assert "MISNAMED: model.layers.1.mlp.down_proj.weight is stored as model.layers.1.mlp.down_prj.weight" in nb02
