@@ -944,8 +944,10 @@ for d in f.inputs:
 print("bfloat16:", hunt(loud, prompt, dtype="bfloat16").finding)
 """),
         md("""
-        In the debugger, **next non-finite** runs to the same op; the fp16 headroom bar is red on
-        the ops just before it.
+        In the debugger, **next non-finite** runs to the same op and explains it in the log; its fp16
+        headroom bar reads *overflow*. Click **back**: its inputs, `gate_proj` and `up_proj`, used only
+        about 1% of float16's range — a product of two moderate numbers can overflow in one step,
+        which is why the hunt checks every op rather than watching a few.
         """),
         code("""
 dbg = StepDebugger(workbench.trace(loud, prompt, capture="full", dtype="float16"))
