@@ -81,3 +81,18 @@ def test_sanitizers_only_blank_what_varies():
     assert total > 5000 and kept / total > 0.9, (kept, total)
     nb02 = (NB_DIR / "02_weights.ipynb").read_text()
     assert "MISNAMED: model.layers.1.mlp.down_proj.weight is stored as model.layers.1.mlp.down_prj.weight" in nb02
+
+
+@pytest.mark.parametrize("name", sorted(NOTEBOOKS))
+def test_committed_notebook_matches_build_py(name):
+    """The committed cells are exactly what notebooks/build.py generates (no hand edits)."""
+    sys.path.insert(0, str(NB_DIR))
+    try:
+        import build
+        fresh = build.make(name)
+    finally:
+        sys.path.remove(str(NB_DIR))
+    nb = json.loads((NB_DIR / name).read_text())
+    committed = [(c["cell_type"], "".join(c["source"]), c.get("metadata", {}).get("tags", [])) for c in nb["cells"]]
+    generated = [(c.cell_type, c.source, c.metadata.get("tags", [])) for c in fresh.cells]
+    assert committed == generated, f"{name} differs from notebooks/build.py; run python notebooks/build.py {name}"
