@@ -54,10 +54,20 @@ class ScheduleError(ValueError):
     """An unreadable or invalid schedule; the message names the event index and field."""
 
     def __init__(self, message: str, where: str = "", event: int | None = None):
+        # a field name from the file may hold any character: keep the message on one line
+        where = _printable(where)
+        message = _printable(message)
         self.where = where
         self.event = event
         self.reason = message
         super().__init__(f"{where}: {message}" if where else message)
+
+
+def _printable(text: str) -> str:
+    """Escape control characters (newlines in a field name, say) so a message stays one line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 class Access:
