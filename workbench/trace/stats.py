@@ -265,25 +265,29 @@ class Pending:
 
 
 # --------------------------------------------------------------------------- device path
-#: partial reductions per op: each op's output (as float32) is viewed as [r, n / r] rows and
-#: reduced along them to [6, r] (r = gcd(n, _R), padded to _R); the host finishes in float64.
+#: partial reductions: each op's output (as float32) is viewed as [r, n / r] rows and reduced
+#: along them to [6, r] (r = gcd(n, _R), padded to _R); the host finishes in float64.
 _R = 128
+#: outputs of the same shape and dtype are stacked and reduced together, up to this many
+#: bytes per group (the fused pass writes a transient float32 [6, ...] copy of its group)
+_GROUP_BYTES = 64 * 2**20
 _PART_FNS: dict = {}
 
 
 def _part_fn(dtype, n: int):
-    """A compiled function x -> float32 [6, _R] of row partials: max over the non-fill
-    elements, max of their negation (-> min), sum, sum of squares (fill excluded), number
-    of zeros, number of fill elements (the dtype's lowest finite value).  Four kernels per
-    op: one fused elementwise pass writing a [6, r, c] float32 view, one max over its first
-    two rows, one sum over the other four, one concatenation."""
+    """A compiled function x [k, ...] (k outputs of n elements each) -> float32 [6, k, _R] of
+    row partials: max over the non-fill elements, max of their negation (-> min), sum, sum
+    of squares (fill excluded), number of zeros, number of fill elements (the dtype's lowest
+    finite value).  Four kernels per group: one fused elementwise pass writing a
+    [6, k, r, c] float32 temporary, one max over its first two rows, one sum over the other
+    four, one concatenation."""
     r = math.gcd(n, _R)
-    key = (dtype, r)
+    key = (dtype, n)
     fn = _PART_FNS.get(key)
     if fn is not None:
         return fn
     dmax = dtype_max(dtype)
-    col = lambda v, dt=mx.float32: mx.array(v, dt).reshape(6, 1, 1)  # noqa: E731
+    col = lambda v, dt=mx.float32: mx.array(v, dt).reshape(6, 1, 1, 1)  # noqa: E731
     sgn = col([1, -1, 1, 0, 0, 0])
     is_sq = col([0, 0, 0, 1, 0, 0], mx.bool_)
     excl = col([1, 1, 1, 1, 0, 0], mx.bool_)
@@ -292,12 +296,13 @@ def _part_fn(dtype, n: int):
     is_fill = col([0, 0, 0, 0, 0, 1], mx.bool_)
     pad = None
     if r != _R:
-        pad = mx.concatenate([mx.full((2, _R - r), -mx.inf), mx.zeros((4, _R - r))])
+        pad = mx.concatenate([mx.full((2, 1, _R - r), -mx.inf), mx.zeros((4, 1, _R - r))])
     consts = [sgn, is_sq, excl, excl_to, is_zero, is_fill] + ([pad] if pad is not None else [])
     mx.eval(consts)
 
     def part(x):
-        f = x.reshape(r, -1)
+        f = x.reshape(-1, r, n // r)
+        k = f.shape[0]
         if f.dtype != mx.float32:
             f = f.astype(mx.float32)
         fill = (f == -dmax) if dmax is not None else mx.zeros(f.shape, mx.bool_)
@@ -307,7 +312,7 @@ def _part_fn(dtype, n: int):
         v = mx.where(is_fill, fill.astype(mx.float32), v)
         out = mx.concatenate([v[:2].max(axis=-1), v[2:].sum(axis=-1)])
         if pad is not None:
-            out = mx.concatenate([out, pad], axis=1)
+            out = mx.concatenate([out, mx.broadcast_to(pad, (6, k, _R - r))], axis=2)
         return out
 
     import os
@@ -316,26 +321,48 @@ def _part_fn(dtype, n: int):
     return fn
 
 
-def device_parts(x: mx.array) -> mx.array:
-    """Lazy float32 [6, _R] row partials of one op's output (see :func:`_part_fn`)."""
-    return _part_fn(x.dtype, x.size)(x)
+def device_parts(xs: Sequence[mx.array]) -> mx.array:
+    """Lazy float32 [6, k, _R] row partials of k arrays of one shape and dtype (concatenated
+    along their first axis; one array is reduced in place)."""
+    x = xs[0] if len(xs) == 1 else (mx.concatenate(list(xs)) if xs[0].ndim else mx.stack(list(xs)))
+    return _part_fn(x.dtype, xs[0].size)(x)
 
 
 def device_stats(values: Sequence[mx.array], also: Sequence[mx.array] = ()) -> list[dict]:
-    """Stats dicts of a batch of (lazy) arrays on the device: per op one compiled partial
-    reduction, all of them stacked into one small array evaluated with ``also`` in one
-    ``mx.eval`` and read back at once; the host finishes them in float64 (exact counts).
-    Ops whose sums are not finite (NaN / Inf somewhere) get the exact pass (:func:`exact`,
-    one more ``mx.eval`` for all of them)."""
-    idx = [i for i, v in enumerate(values) if v.size]
+    """Stats dicts of a batch of (lazy) arrays on the device.  Outputs of the same shape and
+    dtype are stacked and reduced together by one compiled partial reduction (a handful of
+    graph nodes per group, not per op: MLX's per-node cost dominates small ops on a GPU); the
+    partials of every group are evaluated with ``also`` in one ``mx.eval`` and read back at
+    once; the host finishes them in float64 (exact counts).  Ops whose sums are not finite
+    (NaN / Inf somewhere) get the exact pass (:func:`exact`, one more ``mx.eval`` for all)."""
     out: list = [None if v.size else finish(None, 0, v.dtype) for v in values]
-    if not idx:
+    groups: dict = {}
+    for i, v in enumerate(values):
+        if v.size:
+            g = groups.setdefault((tuple(v.shape), v.dtype), [[]])
+            if g[-1] and (len(g[-1]) + 1) * v.nbytes > _GROUP_BYTES:
+                g.append([])
+            g[-1].append(i)
+    if not groups:
         if also:
             mx.eval(list(also))
         return out
-    stacked = mx.stack([device_parts(values[i]) for i in idx])
-    mx.eval([stacked, *also])
-    P = np.array(stacked)
+    parts, order = [], []
+    for chunks in groups.values():
+        for members in chunks:
+            p = device_parts([values[i] for i in members])
+            parts.append(p.reshape(-1))
+            order.append(members)
+    flat = mx.concatenate(parts) if len(parts) > 1 else parts[0]
+    mx.eval([flat, *also])
+    F = np.array(flat)
+    blocks, at = [], 0
+    for members in order:
+        k = len(members)
+        blocks.append(F[at: at + 6 * k * _R].reshape(6, k, _R).transpose(1, 0, 2))
+        at += 6 * k * _R
+    P = np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
+    idx = [i for members in order for i in members]
     with np.errstate(all="ignore"):
         hi = P[:, 0].max(axis=-1).astype(np.float64)
         lo = -P[:, 1].max(axis=-1).astype(np.float64)
@@ -354,18 +381,19 @@ def device_stats(values: Sequence[mx.array], also: Sequence[mx.array] = ()) -> l
     need = []
     for k, (i, (a, b, m, sd, am, z, fl, good)) in enumerate(zip(idx, rows)):
         if not good:
-            need.append(i)
+            need.append((i, k))
             continue
         dmax = dtype_max(values[i].dtype)
         out[i] = {"min": a, "max": b, "mean": m, "std": sd, "absmax": am, "nan": 0, "posinf": 0, "neginf": 0,
                   "zero_frac": z, "headroom": None if dmax is None else am / dmax, "masked": int(fl)}
     if need:
-        arrs = [exact(values[i]) for i in need]
+        arrs = [exact(values[i]) for i, _ in need]
         mx.eval(arrs)
-        for i, a, k in zip(need, arrs, [idx.index(j) for j in need]):
+        for (i, k), a in zip(need, arrs):
             p = np.array([0, 0, 0, 0, zeros[k]], dtype=np.float64)
             out[i] = finish(p, values[i].size, values[i].dtype, np.array(a))
     return out
+
 
 def evaluate(values: Sequence[mx.array], also: Sequence[mx.array] = (), host: bool | None = None) -> list[dict]:
     """Stats dicts of several (lazy) arrays, evaluated together with ``also`` in one
