@@ -289,17 +289,19 @@ class Trace:
         env[op.name] = out
         freed = {}
         lu = self._last_use
+        feeds = self._feeds
         for s in op.inputs:
-            if lu.get(s) == i and s not in self._feeds and s in env:
+            if lu.get(s) == i and s not in feeds and s in env:
                 freed[s] = env.pop(s)
-        self._undo[i] = freed
-        while len(self._undo) > _UNDO_DEPTH:
-            self._undo.popitem(last=False)
+        undo = self._undo
+        undo[i] = freed
+        if len(undo) > _UNDO_DEPTH:
+            undo.popitem(last=False)
         self.position = i + 1
         if not record:
             return None
-        step = Step(op.name, op.kind, op.layer, i, tuple(tuple(a.shape) for a in args),
-                    tuple(out.shape), _dtype_str(out.dtype), None, labels)
+        step = Step(op.name, op.kind, op.layer, i, tuple([a.shape for a in args]),
+                    out.shape, _dtype_str(out.dtype), None, labels)
         self._steps.append(step)
         keep = op.name in self._keep
         if self._stats_on or keep:
@@ -680,6 +682,9 @@ def prepare_ids(model, ids_or_text, pad_id: int | None = None):
     if isinstance(x, str):
         seqs, batched = [model.encode(x)], False
     elif isinstance(x, mx.array):
+        if x.ndim in (1, 2) and x.size and mx.issubdtype(x.dtype, mx.integer):
+            # as given: no round trip through the host (the feeds check the id range)
+            return (x[None] if x.ndim == 1 else x).astype(mx.int32), None, x.ndim == 2
         if x.ndim == 1:
             seqs, batched = [x.tolist()], False
         elif x.ndim == 2:
