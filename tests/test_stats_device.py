@@ -88,3 +88,21 @@ def test_device_path_trace_is_one_evaluation_and_agrees_with_host(monkeypatch):
                 assert h[k] == d[k], (n, k)
             else:
                 assert h[k] == pytest.approx(d[k], rel=1e-4, abs=1e-5), (n, k)
+
+
+def test_large_outputs_are_reduced_in_pieces(monkeypatch):
+    monkeypatch.setattr(S, "_CHUNK", 1000)
+    rng = np.random.default_rng(5)
+    a = (rng.standard_normal((3, 1001)) * 7).astype(np.float32)  # 3003 elements: 7 pieces of 429
+    a[0, :5] = 0
+    a[2, 7:20] = -S.dtype_max(mx.float16)
+    b = a.copy()
+    b[1, 2] = np.nan
+    vals = [mx.array(a).astype(mx.float16), mx.array(b).astype(mx.float16), mx.array(a[:1, :900])]
+    got = S.device_stats(vals)
+    for v, st in zip(vals, got):
+        ref = _ref(np.array(v.astype(mx.float32)), v.dtype)
+        for k in ("nan", "posinf", "neginf", "masked", "zero_frac", "min", "max"):
+            assert st[k] == ref[k], k
+        assert st["mean"] == pytest.approx(ref["mean"], rel=1e-5) and st["std"] == pytest.approx(ref["std"], rel=1e-4)
+    assert got[0]["masked"] == 13 and got[1]["nan"] == 1

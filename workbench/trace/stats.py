@@ -271,6 +271,8 @@ _R = 128
 #: outputs of the same shape and dtype are stacked and reduced together, up to this many
 #: bytes per group (the fused pass writes a transient float32 [6, ...] copy of its group)
 _GROUP_BYTES = 64 * 2**20
+#: outputs with more elements than this are reduced in pieces of at most this many
+_CHUNK = 2**23
 _PART_FNS: dict = {}
 
 
@@ -338,11 +340,22 @@ def device_stats(values: Sequence[mx.array], also: Sequence[mx.array] = ()) -> l
     out: list = [None if v.size else finish(None, 0, v.dtype) for v in values]
     groups: dict = {}
     for i, v in enumerate(values):
-        if v.size:
-            g = groups.setdefault((tuple(v.shape), v.dtype), [[]])
-            if g[-1] and (len(g[-1]) + 1) * v.nbytes > _GROUP_BYTES:
-                g.append([])
-            g[-1].append(i)
+        if not v.size:
+            continue
+        n = v.size
+        k0 = -(-n // _CHUNK)
+        k = next((d for d in range(k0, 64 * k0) if n % d == 0), 1) if k0 > 1 else 1
+        if k > 1:
+            # a large output (logits) is reduced in pieces, each its own group, so the fused
+            # pass's float32 temporary stays bounded (pieces of equal size dividing n)
+            flat = v.reshape(k, n // k)
+            for j in range(k):
+                groups[("piece", i, j)] = [[(i, flat[j])]]
+            continue
+        g = groups.setdefault((tuple(v.shape), v.dtype), [[]])
+        if g[-1] and (len(g[-1]) + 1) * v.nbytes > _GROUP_BYTES:
+            g.append([])
+        g[-1].append((i, v))
     if not groups:
         if also:
             mx.eval(list(also))
@@ -350,9 +363,9 @@ def device_stats(values: Sequence[mx.array], also: Sequence[mx.array] = ()) -> l
     parts, order = [], []
     for chunks in groups.values():
         for members in chunks:
-            p = device_parts([values[i] for i in members])
+            p = device_parts([a for _, a in members])
             parts.append(p.reshape(-1))
-            order.append(members)
+            order.append([i for i, _ in members])
     flat = mx.concatenate(parts) if len(parts) > 1 else parts[0]
     mx.eval([flat, *also])
     F = np.array(flat)
@@ -362,11 +375,16 @@ def device_stats(values: Sequence[mx.array], also: Sequence[mx.array] = ()) -> l
         blocks.append(F[at: at + 6 * k * _R].reshape(6, k, _R).transpose(1, 0, 2))
         at += 6 * k * _R
     P = np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
-    idx = [i for members in order for i in members]
+    owner = np.array([i for members in order for i in members])
+    rank = np.argsort(owner, kind="stable")
+    owner = owner[rank]
+    starts = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])
+    idx = owner[starts].tolist()
+    P = P[rank]
     with np.errstate(all="ignore"):
-        hi = P[:, 0].max(axis=-1).astype(np.float64)
-        lo = -P[:, 1].max(axis=-1).astype(np.float64)
-        sums = P[:, 2:].sum(axis=-1, dtype=np.float64)
+        hi = np.maximum.reduceat(P[:, 0].max(axis=-1), starts).astype(np.float64)
+        lo = -np.maximum.reduceat(P[:, 1].max(axis=-1), starts).astype(np.float64)
+        sums = np.add.reduceat(P[:, 2:].sum(axis=-1, dtype=np.float64), starts, axis=0)
     s, ss, zeros, fill = sums[:, 0], sums[:, 1], sums[:, 2], sums[:, 3]
     ok = np.isfinite(hi) & np.isfinite(lo) & np.isfinite(s) & np.isfinite(ss)
     ns = np.array([values[i].size for i in idx], dtype=np.float64)
@@ -399,7 +417,7 @@ def evaluate(values: Sequence[mx.array], also: Sequence[mx.array] = (), host: bo
     """Stats dicts of several (lazy) arrays, evaluated together with ``also`` in one
     ``mx.eval`` (plus one more for the rare ops that need the exact pass on the GPU).
 
-    On the GPU the statistics are lazy reductions in the graph (:func:`packed`).  On the
+    On the GPU the statistics are lazy reductions in the graph (:func:`device_stats`).  On the
     CPU the outputs themselves are evaluated and reduced through zero-copy numpy views
     (:func:`host_packed`): MLX's CPU reductions take one slower pass per statistic.
     """
