@@ -4,7 +4,9 @@ The trace hands a batch of lazy op outputs to :class:`Pending`, which evaluates 
 with one ``mx.eval`` and reduces each to min, max, sum, sum of squares (in float32) and
 its number of exact zeros:
 
-* on the GPU, as lazy MLX reductions added to the same graph (:func:`packed`);
+* on the GPU, as lazy MLX reductions added to the same graph (:func:`device_stats`: one
+  compiled partial reduction per group of same-shape outputs, read back as one array and
+  finished on the host in float64);
 * on the CPU, through zero-copy numpy views of the evaluated outputs
   (:func:`host_packed`: vectorised passes over memory that is still in cache, BLAS dot
   products for the sums), in a background thread; MLX's CPU reductions take a slower
