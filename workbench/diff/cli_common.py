@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import contextlib
 
-from workbench.cli import UsageError
+from workbench.cli import UsageError, parse_ids
 from workbench.diff.naming import RulesError
 from workbench.diff.readers import DumpError
 from workbench.diff.report import DiffError
@@ -23,16 +23,7 @@ def add_dtype_argument(p) -> None:
 
 
 def parse_input(args, required: bool = True):
-    ids = None
-    if args.ids is not None:
-        try:
-            ids = [int(s) for s in args.ids.replace(" ", "").split(",") if s != ""]
-        except ValueError:
-            raise UsageError(f"--ids {args.ids!r}: expected comma-separated integers like 1,2,3") from None
-        if not ids:
-            raise UsageError("--ids is empty")
-        if any(i < 0 for i in ids):
-            raise UsageError(f"--ids {args.ids!r}: token ids cannot be negative")
+    ids = parse_ids(args.ids) if args.ids is not None else None
     if required and ids is None and args.prompt is None:
         raise UsageError("give the input: --prompt TEXT or --ids 1,2,3")
     return ids, args.prompt

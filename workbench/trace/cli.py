@@ -26,24 +26,6 @@ def add_arguments(p):
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
-def _parse_ids(text: str) -> list[int]:
-    from workbench.cli import UsageError
-
-    parts = [p.strip() for p in text.replace(" ", ",").split(",") if p.strip()]
-    if not parts:
-        raise UsageError("--ids is empty: give comma-separated token ids, e.g. --ids 2,15,16")
-    out = []
-    for p in parts:
-        try:
-            v = int(p)
-        except ValueError:
-            raise UsageError(f"--ids: {p!r} is not an integer token id") from None
-        if v < 0:
-            raise UsageError(f"--ids: token id {v} is negative")
-        out.append(v)
-    return out
-
-
 def _fmt(v) -> str:
     if v is None:
         return "-"
@@ -54,7 +36,7 @@ def _fmt(v) -> str:
 
 def run(args) -> int:
     import workbench
-    from workbench.cli import UsageError
+    from workbench.cli import UsageError, parse_ids
     from workbench.trace.hunt import hunt
     from workbench.trace.tracer import TraceError
 
@@ -70,7 +52,7 @@ def run(args) -> int:
         if not ids:
             raise UsageError("the prompt encodes to no tokens")
     else:
-        ids = _parse_ids(args.ids)
+        ids = parse_ids(args.ids)
     vocab = getattr(model, "vocab_size", None)
     if vocab is not None:
         bad = [i for i in ids if i >= vocab]
