@@ -140,6 +140,27 @@ def _attn_norms(a, i, D, names):
         a.add(f"layers.{i}.{n}.weight", (D,), "norm", i)
 
 
+def _attention(a, i, D, H, kvh, hd, *, qk_norm: bool, bias: bool = False):
+    """q/k/v/o projections of layer i (with their biases, and q_norm/k_norm, when asked)."""
+    pre = f"layers.{i}.self_attn"
+    for n, shp in (("q_proj", (H * hd, D)), ("k_proj", (kvh * hd, D)), ("v_proj", (kvh * hd, D)),
+                   ("o_proj", (D, H * hd))):
+        a.add(f"{pre}.{n}.weight", shp, "linear", i)
+        if bias:
+            a.add(f"{pre}.{n}.bias", (shp[0],), "vector", i)
+    if qk_norm:
+        a.add(f"{pre}.q_norm.weight", (hd,), "norm", i)
+        a.add(f"{pre}.k_norm.weight", (hd,), "norm", i)
+
+
+def _mlp(a, i, D, I, *, bias: bool = False):
+    """gate/up/down projections of layer i's dense MLP."""
+    for n, shp in (("gate_proj", (I, D)), ("up_proj", (I, D)), ("down_proj", (D, I))):
+        a.add(f"layers.{i}.mlp.{n}.weight", shp, "linear", i)
+        if bias:
+            a.add(f"layers.{i}.mlp.{n}.bias", (shp[0],), "vector", i)
+
+
 def _gemma4(tc) -> Arch:
     D = _int(tc, "hidden_size")
     L = _int(tc, "num_hidden_layers")
@@ -232,16 +253,8 @@ def _gemma3(tc) -> Arch:
     a = Arch("gemma3_text", tc, L, layer_types=lt, neutral_norm=0.0, tied=True)
     a.add("embed_tokens.weight", (V, D), "embedding")
     for i in range(L):
-        pre = f"layers.{i}.self_attn"
-        a.add(f"{pre}.q_proj.weight", (H * hd, D), "linear", i)
-        a.add(f"{pre}.k_proj.weight", (kvh * hd, D), "linear", i)
-        a.add(f"{pre}.v_proj.weight", (kvh * hd, D), "linear", i)
-        a.add(f"{pre}.o_proj.weight", (D, H * hd), "linear", i)
-        a.add(f"{pre}.q_norm.weight", (hd,), "norm", i)
-        a.add(f"{pre}.k_norm.weight", (hd,), "norm", i)
-        a.add(f"layers.{i}.mlp.gate_proj.weight", (I, D), "linear", i)
-        a.add(f"layers.{i}.mlp.up_proj.weight", (I, D), "linear", i)
-        a.add(f"layers.{i}.mlp.down_proj.weight", (D, I), "linear", i)
+        _attention(a, i, D, H, kvh, hd, qk_norm=True)
+        _mlp(a, i, D, I)
         _attn_norms(a, i, D, ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                               "post_feedforward_layernorm"))
     a.add("norm.weight", (D,), "norm")
@@ -251,10 +264,7 @@ def _gemma3(tc) -> Arch:
 
 
 def _dense(fam, tc) -> Arch:
-    D = _int(tc, "hidden_size")
-    L = _int(tc, "num_hidden_layers")
-    H = _int(tc, "num_attention_heads")
-    V = _int(tc, "vocab_size")
+    D, L, H, V = _common(tc, fam)
     I = _int(tc, "intermediate_size")
     kvh = _int(tc, "num_key_value_heads", H)
     hd = _int(tc, "head_dim", None, allow_none=True) or D // H
@@ -265,19 +275,8 @@ def _dense(fam, tc) -> Arch:
     mbias = fam == "llama" and bool(tc.get("mlp_bias", False))
     a.add("embed_tokens.weight", (V, D), "embedding")
     for i in range(L):
-        pre = f"layers.{i}.self_attn"
-        for n, shp in (("q_proj", (H * hd, D)), ("k_proj", (kvh * hd, D)), ("v_proj", (kvh * hd, D)),
-                       ("o_proj", (D, H * hd))):
-            a.add(f"{pre}.{n}.weight", shp, "linear", i)
-            if abias:
-                a.add(f"{pre}.{n}.bias", (shp[0],), "vector", i)
-        if fam == "qwen3":
-            a.add(f"{pre}.q_norm.weight", (hd,), "norm", i)
-            a.add(f"{pre}.k_norm.weight", (hd,), "norm", i)
-        for n, shp in (("gate_proj", (I, D)), ("up_proj", (I, D)), ("down_proj", (D, I))):
-            a.add(f"layers.{i}.mlp.{n}.weight", shp, "linear", i)
-            if mbias:
-                a.add(f"layers.{i}.mlp.{n}.bias", (shp[0],), "vector", i)
+        _attention(a, i, D, H, kvh, hd, qk_norm=fam == "qwen3", bias=abias)
+        _mlp(a, i, D, I, bias=mbias)
         _attn_norms(a, i, D, ("input_layernorm", "post_attention_layernorm"))
     a.add("norm.weight", (D,), "norm")
     # tied: mlx-lm's sanitize drops an lm_head that is present anyway
@@ -310,16 +309,8 @@ def _gemma3n(tc) -> Arch:
     a = Arch("gemma3n", tc, L, layer_types=list(lt), neutral_norm=1.0, tied=True)
     a.add("embed_tokens.weight", (V, D), "embedding")
     for i in range(L):
-        pre = f"layers.{i}.self_attn"
-        a.add(f"{pre}.q_proj.weight", (H * hd, D), "linear", i)
-        a.add(f"{pre}.k_proj.weight", (kvh * hd, D), "linear", i)
-        a.add(f"{pre}.v_proj.weight", (kvh * hd, D), "linear", i)
-        a.add(f"{pre}.o_proj.weight", (D, H * hd), "linear", i)
-        a.add(f"{pre}.q_norm.weight", (hd,), "norm", i)
-        a.add(f"{pre}.k_norm.weight", (hd,), "norm", i)
-        a.add(f"layers.{i}.mlp.gate_proj.weight", (Is[i], D), "linear", i)
-        a.add(f"layers.{i}.mlp.up_proj.weight", (Is[i], D), "linear", i)
-        a.add(f"layers.{i}.mlp.down_proj.weight", (D, Is[i]), "linear", i)
+        _attention(a, i, D, H, kvh, hd, qk_norm=True)
+        _mlp(a, i, D, Is[i])
         _attn_norms(a, i, D, ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                               "post_feedforward_layernorm", "post_per_layer_input_norm"))
         a.add(f"layers.{i}.altup.correct_output_scale", (D,), "vector", i)
