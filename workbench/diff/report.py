@@ -18,18 +18,15 @@ from workbench.diff.layout import LayoutError, reconcile
 from workbench.diff.metrics import (Tolerance, diverged, error_metrics, noise_limits, position_pattern,
                                     position_profile)
 from workbench.diff.naming import Rules, apply_rules, compile_rules
+from workbench.models.base import layer_of  # op names: layers.{i}[.…] -> i
 
 
 class DiffError(ValueError):
     """Input the diff cannot use (two engine tensors for one op, an empty dump, ...)."""
 
 
-_LAYER = re.compile(r"^layers\.(\d+)(?:\.|$)")
 
 
-def layer_of(name: str) -> int | None:
-    m = _LAYER.match(name)
-    return int(m.group(1)) if m else None
 
 
 def to_numpy(x: Any) -> np.ndarray:

@@ -14,19 +14,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from workbench.diff.report import to_numpy as _np
 from workbench.diff.weights import weight_values  # noqa: F401  (re-exported: plots.weight_values)
 
 _RESID = re.compile(r"^layers\.(\d+)$")
 
 
-def _np(x: Any) -> np.ndarray:
-    if isinstance(x, np.ndarray):
-        return x.astype(np.float32, copy=False)
-    if type(x).__module__.startswith("mlx"):
-        import mlx.core as mx
-
-        return np.array(x.astype(mx.float32))
-    return np.asarray(x, dtype=np.float32)
 
 
 def _tokens_dim(x: np.ndarray) -> np.ndarray:
