@@ -109,7 +109,7 @@ JS_PROGRESS = """() => {
 }"""
 
 
-def _chromium_or_skip_reason():
+def _chromium_missing():
     if not Path(CHROMIUM).exists():
         return f"no Chromium at {CHROMIUM} (apt-get install chromium)"
     return None
@@ -117,7 +117,7 @@ def _chromium_or_skip_reason():
 
 def test_browser_tour_step_debugger(tmp_path):
     # The browser test is part of the suite: a missing browser is a failure, not a skip.
-    assert _chromium_or_skip_reason() is None, _chromium_or_skip_reason()
+    assert _chromium_missing() is None, _chromium_missing()
     from playwright.sync_api import sync_playwright
 
     ARTIFACTS.mkdir(exist_ok=True)
