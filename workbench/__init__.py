@@ -11,11 +11,12 @@ def blas_status() -> dict:
     return dict(_blas.STATUS)
 
 
-def load(path, dtype=None):
-    """Open a checkpoint as a runnable model (see workbench.models.load)."""
+def load(path, dtype=None, granularity="auto", library=None):
+    """Open a checkpoint as a runnable model (see workbench.models.load): our op program
+    where one exists, else (or with granularity="module") the reference's own modules."""
     from workbench.models import load as _load
 
-    return _load(path, dtype=dtype)
+    return _load(path, dtype=dtype, granularity=granularity, library=library)
 
 
 def inspect(path, values=False, **kw):

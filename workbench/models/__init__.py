@@ -22,17 +22,35 @@ def family_of(model_type: str):
         raise ValueError(f"unsupported model_type {model_type!r} (supported: {', '.join(sorted(_BY_MODEL_TYPE))})") from None
 
 
-def load(path, dtype=None) -> Model:
+GRANULARITIES = ("auto", "op", "module")
+
+
+def load(path, dtype=None, granularity: str = "auto", library: str | None = None):
     """Open a checkpoint directory (or an already opened reader) as a runnable model.
 
     dtype: None keeps the storage dtype as compute dtype; "float32" | "bfloat16" |
     "float16" computes in that dtype whatever the storage dtype.
+    granularity: "op" (our op program: every matmul, norm, softmax ... is a step),
+    "module" (the reference implementation's own modules, recorded: any architecture
+    mlx-lm or mlx-vlm builds), or "auto" (op where a program exists, else module).
+    library: "mlx_lm" | "mlx_vlm" forces the reference used at module granularity.
     """
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"granularity must be one of {', '.join(GRANULARITIES)}, not {granularity!r}")
     if isinstance(path, (str, os.PathLike)):
         from workbench.checkpoint import open_checkpoint
         ck = open_checkpoint(path)
     else:
         ck = path
+    from workbench import registry
+    if granularity == "module" or (granularity == "auto" and (
+            registry.op_family(ck.config) is None or library is not None)):
+        from workbench.reference import open_reference
+        model = open_reference(path if isinstance(path, (str, os.PathLike)) else ck.root, ck, library)
+        dt = parse_dtype(dtype)
+        if dt is not None:
+            model.default_dtype = dt
+        return model
     mod = family_of(ck.model_type)
     text_config = dict(ck.text_config)
     cfg = mod.Config.from_dict(text_config)

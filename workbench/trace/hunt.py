@@ -136,8 +136,7 @@ def diagnose(trace, step) -> Finding:
     dmax = _stats.dtype_max(trace.dtype) if trace.dtype is not None else None
     dname = str(trace.dtype).replace("mlx.core.", "") if trace.dtype is not None else step.dtype
 
-    vals, _ = trace._input_values(i)
-    inputs = [_tensor_info(n, v, None) for n, v in zip(op.inputs, vals)]
+    inputs = [_tensor_info(n, v, None) for n, v in trace.inputs(op.name)]
     for d in inputs:
         d.pop("out_of_range", None)
     mode = (op.attrs.get("quant") or {}).get("mode") if isinstance(op.attrs.get("quant"), dict) else None

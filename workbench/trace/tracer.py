@@ -267,6 +267,13 @@ class Trace:
                 f"dtype={_dtype_str(self.dtype) if self.dtype is not None else '?'}>")
 
     # ------------------------------------------------------------------ execution core
+    #: the trace applies interventions to op outputs itself; a subclass whose ops return
+    #: values already intervened on (module recording) turns this off
+    applies_interventions = True
+
+    def _input_shapes(self, i: int, args) -> tuple:
+        return tuple([a.shape for a in args])
+
     def _exec(self, i: int, record: bool = True) -> Step | None:
         op = self._ops[i]
         env = self._env
@@ -283,8 +290,9 @@ class Trace:
         labels = ()
         ivs = self._iv_by_op.get(op.name)
         if ivs:
-            for iv in ivs:
-                out = iv.apply(out, op)
+            if self.applies_interventions:
+                for iv in ivs:
+                    out = iv.apply(out, op)
             labels = tuple(iv.label for iv in ivs)
         env[op.name] = out
         freed = {}
@@ -300,7 +308,7 @@ class Trace:
         self.position = i + 1
         if not record:
             return None
-        step = Step(op.name, op.kind, op.layer, i, tuple([a.shape for a in args]),
+        step = Step(op.name, op.kind, op.layer, i, self._input_shapes(i, args),
                     out.shape, _dtype_str(out.dtype), None, labels)
         self._steps.append(step)
         keep = op.name in self._keep
@@ -635,6 +643,13 @@ class Trace:
                     env.pop(s, None)
         return [env[s] for s in op.inputs], cache
 
+    def inputs(self, name: str) -> list[tuple[str, mx.array]]:
+        """(label, value) of each input op ``name`` read, as the trace gave it: the label is
+        the program input or op that produced it."""
+        i = self._check_name(name)
+        vals, _ = self._input_values(i)
+        return list(zip(self._ops[i].inputs, vals))
+
     def recompute(self, name: str, dtype=None, interventions: bool = False) -> mx.array:
         """Run op ``name`` again on the inputs the trace gave it, optionally in another
         dtype (floating inputs are cast to it) and without its interventions."""
@@ -723,7 +738,7 @@ def prepare_ids(model, ids_or_text, pad_id: int | None = None):
 def trace(model, ids_or_text, capture="stats", dtype=None, breakpoints=None, interventions=None, *,
           cache=None, attention_mask=None, pad_id: int | None = None, memory_budget: int | None = None,
           spill_dir: str | None = None, flush_bytes: int = 512 * 2**20, store: ValueStore | None = None,
-          key_prefix: str = "") -> Trace:
+          key_prefix: str = "", **extra) -> Trace:
     """A :class:`Trace` of ``model`` on text, token ids, or a batch of either.
 
     capture: ``"stats"`` (default) | ``"full"`` | [name patterns] | None.
@@ -731,6 +746,14 @@ def trace(model, ids_or_text, capture="stats", dtype=None, breakpoints=None, int
     storage dtype; None uses the model's default.
     Batches are left padded and masked; ``.logits`` is then [B, T, vocab].
     """
+    if getattr(model, "granularity", "op") == "module":  # a reference model: its module calls are the steps
+        return model.module_trace(ids_or_text, capture=capture, dtype=dtype, breakpoints=breakpoints,
+                                  interventions=interventions, cache=cache, attention_mask=attention_mask,
+                                  pad_id=pad_id, memory_budget=memory_budget, spill_dir=spill_dir,
+                                  flush_bytes=flush_bytes, store=store, key_prefix=key_prefix, **extra)
+    if extra:
+        raise TraceError(f"{', '.join(extra)}: only a module-level model (workbench.load(..., "
+                         "granularity='module')) takes images or audio")
     ids, mask, batched = prepare_ids(model, ids_or_text, pad_id)
     if attention_mask is not None:
         mask = attention_mask if isinstance(attention_mask, mx.array) else mx.array(attention_mask)

@@ -1,0 +1,324 @@
+"""A reference model (mlx-lm or mlx-vlm), opened from a local checkpoint and traced at
+module granularity.
+
+    model = workbench.load("path/to/any-mlx-lm-checkpoint")          # no op program: module level
+    model = workbench.load("path/to/llama", granularity="module")   # or asked for
+    t = workbench.trace(model, "the cat sat")                          # a ModuleTrace
+
+The reference builds the model from its own code (``mlx_lm.utils.load_model`` /
+``mlx_vlm.utils.load_model``, lazily: weights stay memory-mapped until used);
+:mod:`workbench.reference.recorder` makes every module call a step.  One instance per
+compute dtype (the storage dtype first; others cast with ``Module.set_dtype``, as our
+op programs cast float tensors), each instrumented once.
+"""
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from workbench import registry
+from workbench.reference import recorder as R
+from workbench.trace.modules import ModuleTrace
+from workbench.trace.tracer import TraceError, prepare_ids
+
+
+def _parse_dtype(dtype):
+    from workbench.models.base import parse_dtype
+    return parse_dtype(dtype)
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).replace("mlx.core.", "")
+
+
+class Session:
+    """Records one forward of a :class:`ReferenceModel` on fixed inputs (again, when
+    interventions change) and recomputes single module calls."""
+
+    def __init__(self, model: "ReferenceModel", ids: mx.array, dtype, kv_cache=None, extra=None):
+        self.model = model
+        self.ids = ids
+        self.dtype = dtype
+        self.kv_cache = kv_cache
+        self.extra = dict(extra or {})
+        self.feeds = {"input_ids": ids}
+        self._cache0 = _snapshot(kv_cache)
+
+    def record(self, interventions) -> R.Tape:
+        module, paths = self.model.module(self.dtype)
+        _restore(self.kv_cache, self._cache0)
+
+        def op_for(name, mod):
+            return _OpView(name, mod)
+
+        tape = R.Tape(paths, [(iv, op_for) for iv in interventions], dtype=self.dtype, kv_cache=self.kv_cache)
+        with tape:
+            self.model.forward(module, self.ids, self.kv_cache, self.extra)
+        if not tape.names or tape.names[-1] != "logits":
+            raise TraceError("the reference forward recorded no logits step (its root module did not "
+                             "return an array)")
+        return tape
+
+    def describe(self, tape: R.Tape, i: int):
+        mod = tape.modules[i]
+        kind = R.original_class(mod).__name__
+        base = tape.names[i].split("#")[0]
+        params = () if base == "logits" else (base,)
+        attrs: dict[str, Any] = {"path": self.model.raw_path(mod), "leaf": R.is_leaf(mod)}
+        mode = getattr(mod, "mode", None)
+        if isinstance(mode, str) and hasattr(mod, "bits"):
+            attrs["quant"] = {"mode": mode, "bits": getattr(mod, "bits", None),
+                              "group_size": getattr(mod, "group_size", None)}
+        for k in ("n_heads", "num_heads", "num_attention_heads"):
+            v = getattr(mod, k, None)
+            if isinstance(v, int):
+                attrs["num_heads"] = v
+                break
+        return kind, params, attrs
+
+    def op_tensors(self, tape: R.Tape, name: str) -> dict[str, mx.array]:
+        """The parameters of the step's module (a leaf's weight / scales / biases; for a
+        container, everything under it), by step-style name."""
+        i = tape.names.index(name)
+        base = name.split("#")[0]
+        if base == "logits":
+            return {}
+        return R.flat_parameters(tape.modules[i], base)
+
+    def recompute(self, tape: R.Tape, i: int, dtype) -> mx.array:
+        """Call module ``i`` again on its recorded inputs, in ``dtype`` (inputs cast, the
+        module's parameters cast through the model instance of that dtype)."""
+        args, kwargs = tape.args[i], tape.kwargs[i]
+        for v in list(args) + list(kwargs.values()):
+            if _is_cache(v):
+                raise TraceError(f"{tape.names[i]!r} updates the KV cache: it is not recomputed "
+                                 "(it would update the cache twice)")
+        dtype = _parse_dtype(dtype) or self.dtype
+        module, _ = self.model.module(dtype)
+        mod = R.module_at(module, self.model.raw_path(tape.modules[i]))
+
+        def cast(v):
+            if isinstance(v, mx.array) and mx.issubdtype(v.dtype, mx.floating) and v.dtype != dtype:
+                return v.astype(dtype)
+            return v
+        out = mod(*[cast(a) for a in args], **{k: cast(v) for k, v in kwargs.items()})
+        primary, _ = R.primary_array(out)
+        if primary is None:
+            raise TraceError(f"{tape.names[i]!r} returned no array when recomputed")
+        return primary
+
+
+class _OpView:
+    """What an intervention function sees as ``op`` at module level."""
+
+    def __init__(self, name, module):
+        self.name = name
+        self.kind = R.original_class(module).__name__
+        self.attrs = {}
+        for k in ("n_heads", "num_heads", "num_attention_heads"):
+            v = getattr(module, k, None)
+            if isinstance(v, int):
+                self.attrs["num_heads"] = v
+                break
+
+
+def _is_cache(v) -> bool:
+    if v is None or isinstance(v, (mx.array, int, float, str, bool)):
+        return False
+    if isinstance(v, (list, tuple)):
+        return any(_is_cache(e) for e in v)
+    return hasattr(v, "update_and_fetch") or hasattr(v, "offset")
+
+
+def _snapshot(cache):
+    if cache is None:
+        return None
+    items = cache if isinstance(cache, (list, tuple)) else [cache]
+    return [(c, {k: R.copy_array(v) if not isinstance(v, (list, dict)) else copy.copy(v) for k, v in vars(c).items()})
+            for c in items]
+
+
+def _restore(cache, snap) -> None:
+    if snap is None:
+        return
+    for c, d in snap:
+        vars(c).clear()
+        vars(c).update({k: R.copy_array(v) if not isinstance(v, (list, dict)) else copy.copy(v) for k, v in d.items()})
+
+
+class ReferenceModel:
+    """A checkpoint opened by its reference implementation, traced module by module."""
+
+    granularity = "module"
+
+    def __init__(self, path, checkpoint, library: str, family: str):
+        self.path = str(path)
+        self.checkpoint = checkpoint
+        self.library = library            # "mlx_lm" | "mlx_vlm"
+        self.family = family              # the reference's module name (model_type after remapping)
+        self.config = dict(checkpoint.text_config)
+        self.full_config = dict(checkpoint.config)
+        self._models: dict[Any, tuple[nn.Module, dict]] = {}
+        self._raw_paths: dict[int, str] = {}
+        self.tokenizer = None
+        tp = getattr(checkpoint, "tokenizer_path", None)
+        if tp and os.path.exists(tp):
+            from tokenizers import Tokenizer
+            self.tokenizer = Tokenizer.from_file(str(tp))
+        base, _ = self._load(None)
+        self.dtype = _storage_dtype(base)
+        self.default_dtype = self.dtype
+        self._models[self.dtype] = (base, R.instrument(base))
+        self._raw_paths.update(R.module_paths(base))
+        self.num_layers = len(_layers(base))
+        self.vocab_size = _vocab_size(self.config, self.full_config)
+
+    def __repr__(self):
+        return (f"<workbench model {self.family} ({self.library}, module granularity): {self.num_layers} layers, "
+                f"{_dtype_name(self.default_dtype)}>")
+
+    # -- building
+    def _load(self, dtype):
+        root = Path(self.checkpoint.root)
+        if self.library == "mlx_vlm":
+            from mlx_vlm.utils import load_model as vlm_load
+            model = vlm_load(root, lazy=True)
+        else:
+            from mlx_lm.utils import load_model as lm_load
+            model, _ = lm_load(root, lazy=True, strict=True)
+        model.eval()
+        if dtype is not None:
+            model.set_dtype(dtype)
+        return model, None
+
+    def module(self, dtype=None) -> tuple[nn.Module, dict]:
+        """The instrumented reference model computing in ``dtype`` and its step names."""
+        dt = _parse_dtype(dtype) or self.default_dtype
+        got = self._models.get(dt)
+        if got is None:
+            m, _ = self._load(dt)
+            got = self._models[dt] = (m, R.instrument(m))
+        return got
+
+    def raw_path(self, module: nn.Module) -> str:
+        p = self._raw_paths.get(id(module))
+        if p is None:
+            for m, _ in self._models.values():
+                self._raw_paths.update(R.module_paths(m))
+            p = self._raw_paths.get(id(module), "")
+        return p
+
+    def forward(self, module: nn.Module, ids: mx.array, cache=None, extra: Mapping | None = None):
+        if self.library == "mlx_vlm":
+            return module(ids, cache=cache, **dict(extra or {}))
+        return module(ids, cache=cache)
+
+    # -- tokenizer
+    def encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("this checkpoint has no tokenizer.json: pass token ids instead of text")
+        return list(self.tokenizer.encode(text).ids)
+
+    def decode(self, ids) -> str:
+        if self.tokenizer is None:
+            raise ValueError("this checkpoint has no tokenizer.json")
+        if isinstance(ids, mx.array):
+            ids = ids.tolist()
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    # -- running
+    def make_cache(self):
+        """The reference's own KV cache for this model."""
+        module, _ = self.module()
+        if hasattr(module, "make_cache"):
+            return module.make_cache()
+        from mlx_lm.models.cache import make_prompt_cache
+        return make_prompt_cache(module)
+
+    def __call__(self, ids, cache=None, dtype=None, **extra) -> mx.array:
+        """Logits [B, T, vocab] of the reference forward (not recorded, lazy)."""
+        module, _ = self.module(dtype)
+        ids = mx.array(ids) if not isinstance(ids, mx.array) else ids
+        out = self.forward(module, ids[None] if ids.ndim == 1 else ids, cache, extra)
+        primary, _ = R.primary_array(out)
+        return primary
+
+    def module_trace(self, ids_or_text, capture="stats", dtype=None, breakpoints=None, interventions=None, *,
+                     cache=None, attention_mask=None, pad_id=None, extra=None, **kw) -> ModuleTrace:
+        ids, mask, batched = prepare_ids(self, ids_or_text, pad_id)
+        if attention_mask is not None:
+            mask = attention_mask if isinstance(attention_mask, mx.array) else mx.array(attention_mask)
+        if mask is not None and not bool(mx.all(mask).item()):
+            raise TraceError("a module-level trace runs the reference's own forward, which takes no padding "
+                             "mask: trace sequences of equal length (or one at a time)")
+        if self.vocab_size is not None and ids.size:
+            lo, hi = int(mx.min(ids).item()), int(mx.max(ids).item())
+            if lo < 0 or hi >= self.vocab_size:
+                raise ValueError(f"token id {hi if hi >= self.vocab_size else lo} out of range for a "
+                                 f"vocabulary of {self.vocab_size}")
+        dt = _parse_dtype(dtype) or self.default_dtype
+        session = Session(self, ids, dt, cache, extra)
+        t = ModuleTrace(session, capture=capture, breakpoints=breakpoints, interventions=interventions,
+                        model=self, **kw)
+        t.batched = batched
+        t.ids = ids
+        t.attention_mask = None
+        return t
+
+    # -- introspection
+    def op_tensors(self, name: str) -> dict[str, mx.array]:
+        module, paths = self.module()
+        for m_id, n in paths.items():
+            if n == name.split("#")[0]:
+                mod = next(m for _, m in module.named_modules() if id(m) == m_id)
+                return R.flat_parameters(mod, n)
+        raise KeyError(f"no module named {name!r}")
+
+    @property
+    def step_names(self) -> list[str]:
+        """Every module's step name (a forward may call some of them more than once)."""
+        _, paths = self.module()
+        return list(paths.values())
+
+
+def _layers(model: nn.Module) -> list:
+    for path in ("model.layers", "layers", "language_model.model.layers", "language_model.layers"):
+        try:
+            v = R.module_at(model, path)
+        except (AttributeError, KeyError, IndexError, TypeError):
+            continue
+        if isinstance(v, (list, tuple)):
+            return list(v)
+    return []
+
+
+def _storage_dtype(model: nn.Module):
+    from mlx.utils import tree_flatten
+    for _, v in tree_flatten(model.parameters()):
+        if isinstance(v, mx.array) and mx.issubdtype(v.dtype, mx.floating):
+            return v.dtype
+    return mx.float32
+
+
+def _vocab_size(tc: Mapping, full: Mapping) -> int | None:
+    for d in (tc, full):
+        v = d.get("vocab_size")
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
+
+
+def open_reference(path, checkpoint=None, library: str | None = None) -> ReferenceModel:
+    """Open a local checkpoint with the reference implementation that builds its model_type."""
+    if checkpoint is None:
+        from workbench.checkpoint import open_checkpoint
+        checkpoint = open_checkpoint(path)
+    if not Path(checkpoint.root).is_dir() or Path(path).is_file():
+        raise ValueError(f"{path}: module-level tracing needs a checkpoint directory (config.json + safetensors)")
+    lib, family = registry.reference_for(checkpoint.config, library)
+    return ReferenceModel(path, checkpoint, lib, family)

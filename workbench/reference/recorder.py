@@ -1,0 +1,229 @@
+"""Recording a reference model's module calls: every module call becomes a named step.
+
+mlx-lm and mlx-vlm models are trees of ``mlx.nn.Module``\\ s with no hook API.  We add
+one without touching their code: :func:`instrument` gives every module of a model a
+subclass of its own class whose ``__call__`` reports to the active :class:`Tape` (and
+behaves exactly as before when no tape is recording).
+
+A :class:`Tape` is what one forward did, in the order calls *finished* (children before
+their parent):
+
+* ``names[i]``: the module's path with the language-model prefix stripped
+  (``layers.3.self_attn.q_proj``; towers keep theirs: ``vision_tower.encoder.layers.0``),
+  the root model call is ``logits``, and a module called again in the same forward gets
+  ``#2``, ``#3`` ... (``layers.0.altup#2``);
+* ``outputs[i]``: a copy of the output array (a new handle on the same data, so a
+  reference that updates an array in place, as ``h *= scale`` does, cannot rewrite it);
+* ``args[i]``, ``kwargs[i]``: copies of the array arguments (for recomputation), and
+  ``sources[i]``: for each positional argument, the step that produced it, or None when
+  code between module calls did (a fused kernel such as
+  ``mx.fast.scaled_dot_product_attention``, a residual add, a reshape).
+
+Interventions (:mod:`workbench.trace.interventions`) are applied inside the forward, on
+the module's output before the caller sees it, so everything downstream is changed.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Iterable, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+
+#: language-model prefixes stripped from module paths (longest first), as the reader does
+LM_PREFIXES = ("language_model.model.", "language_model.", "model.language_model.", "model.")
+
+_ACTIVE = threading.local()
+_WRAPPED: dict[type, type] = {}
+
+
+def active_tape() -> "Tape | None":
+    return getattr(_ACTIVE, "tape", None)
+
+
+def _wrapped_class(cls: type) -> type:
+    w = _WRAPPED.get(cls)
+    if w is None:
+        call = cls.__call__
+
+        def __call__(self, *args, **kwargs):
+            tape = getattr(_ACTIVE, "tape", None)
+            if tape is None:
+                return call(self, *args, **kwargs)
+            return tape.call(self, call, args, kwargs)
+
+        w = type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__,
+                                         "__qualname__": cls.__qualname__, "_workbench_original": cls})
+        _WRAPPED[cls] = w
+    return w
+
+
+def original_class(module: nn.Module) -> type:
+    return getattr(type(module), "_workbench_original", type(module))
+
+
+def instrument(model: nn.Module) -> dict[int, str]:
+    """Make every module of ``model`` report its calls; returns ``{id(module): step name}``."""
+    paths: dict[int, str] = {}
+    for path, m in model.named_modules():
+        if id(m) in paths:  # a module shared between two places keeps its first name
+            continue
+        if "_workbench_original" not in type(m).__dict__:
+            m.__class__ = _wrapped_class(type(m))
+        paths[id(m)] = step_name(path)
+    return paths
+
+
+def step_name(path: str) -> str:
+    """Module path -> step name: the root is ``logits``, language-model prefixes go."""
+    if path == "":
+        return "logits"
+    for pre in LM_PREFIXES:
+        if path.startswith(pre):
+            return path[len(pre):]
+    return path
+
+
+def layer_of(name: str) -> int | None:
+    if name.startswith("layers."):
+        part = name.split(".")[1].split("#")[0]
+        if part.isdigit():
+            return int(part)
+    return None
+
+
+def primary_array(out) -> tuple[mx.array | None, Callable[[mx.array], Any]]:
+    """The array a module call produced (the first one of a tuple or list, or an output
+    object's ``logits`` / ``last_hidden_state``), and how to put a changed one back."""
+    if isinstance(out, mx.array):
+        return out, lambda v: v
+    if isinstance(out, (tuple, list)):
+        for k, e in enumerate(out):
+            if isinstance(e, mx.array):
+                def put(v, k=k, out=out):
+                    items = list(out)
+                    items[k] = v
+                    return type(out)(items) if isinstance(out, tuple) and not hasattr(out, "_fields") else (
+                        type(out)(*items) if hasattr(out, "_fields") else items)
+                return e, put
+        return None, lambda v: out
+    for attr in ("logits", "last_hidden_state"):
+        e = getattr(out, attr, None)
+        if isinstance(e, mx.array):
+            def put(v, attr=attr, out=out):
+                setattr(out, attr, v)
+                return out
+            return e, put
+    return None, lambda v: out
+
+
+def copy_array(x):
+    """A new handle on the same data (an in-place update of the original leaves it alone)."""
+    return mx.array(x) if isinstance(x, mx.array) else x
+
+
+class Tape:
+    """What one forward did: see the module docstring.
+
+    ``interventions``: ``[(Intervention, op-like)]`` applied by name; ``kv_cache``: the
+    reference's cache object(s) this forward updated (kept for generation; a tape never
+    replays a cache)."""
+
+    def __init__(self, paths: dict[int, str], interventions: Sequence = (), dtype=None, kv_cache=None):
+        self.paths = paths
+        self.interventions = list(interventions)
+        self.dtype = dtype
+        self.kv_cache = kv_cache
+        self.names: list[str] = []
+        self.modules: list[nn.Module] = []
+        self.outputs: list[mx.array] = []
+        self.args: list[tuple] = []
+        self.kwargs: list[dict] = []
+        self.sources: list[tuple] = []
+        self.applied: list[tuple] = []
+        self._count: dict[str, int] = {}
+        self._producer: dict[int, int] = {}
+        self._returned: list = []  # keeps returned handles alive so their ids stay unique
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def call(self, module: nn.Module, call: Callable, args: tuple, kwargs: dict):
+        base = self.paths.get(id(module))
+        out = call(module, *args, **kwargs)
+        if base is None:  # a module created during the forward: not part of the model
+            return out
+        primary, put = primary_array(out)
+        if primary is None:
+            return out
+        n = self._count.get(base, 0) + 1
+        self._count[base] = n
+        name = base if n == 1 else f"{base}#{n}"
+        labels = []
+        for iv, op in self.interventions:
+            if iv.matches(name):
+                primary = iv.apply(primary, op(name, module))
+                labels.append(iv.label)
+        if labels:
+            out = put(primary)
+        i = len(self.names)
+        self.names.append(name)
+        self.modules.append(module)
+        self.outputs.append(mx.array(primary))
+        self.args.append(tuple(copy_array(a) for a in args))
+        self.kwargs.append({k: copy_array(v) for k, v in kwargs.items()})
+        self.sources.append(tuple(self._producer.get(id(a)) if isinstance(a, mx.array) else None
+                                  for a in args))
+        self.applied.append(tuple(labels))
+        self._producer[id(primary)] = i
+        self._returned.append(primary)
+        return out
+
+    def __enter__(self):
+        if active_tape() is not None:
+            raise RuntimeError("a recording is already running in this thread")
+        _ACTIVE.tape = self
+        return self
+
+    def __exit__(self, *exc):
+        _ACTIVE.tape = None
+        self._returned.clear()
+        return False
+
+
+def module_at(model: nn.Module, path: str) -> nn.Module:
+    """The submodule at a dotted path (list indices included)."""
+    m: Any = model
+    for part in path.split(".") if path else []:
+        m = m[int(part)] if isinstance(m, (list, tuple)) else m[part] if isinstance(m, dict) else getattr(m, part)
+    return m
+
+
+def module_paths(model: nn.Module) -> dict[int, str]:
+    """``{id(module): raw dotted path}`` (first path of a shared module)."""
+    out: dict[int, str] = {}
+    for path, m in model.named_modules():
+        out.setdefault(id(m), path)
+    return out
+
+
+def flat_parameters(module: nn.Module, prefix: str) -> dict[str, mx.array]:
+    """The module's parameters as ``{prefix.name: array}``."""
+    from mlx.utils import tree_flatten
+
+    return {f"{prefix}.{k}" if prefix else k: v for k, v in tree_flatten(module.parameters())
+            if isinstance(v, mx.array)}
+
+
+def is_leaf(module: nn.Module) -> bool:
+    return not any(True for _ in _children(module))
+
+
+def _children(module: nn.Module) -> Iterable:
+    for v in module.values():
+        if isinstance(v, nn.Module):
+            yield v
+        elif isinstance(v, (list, tuple)) and any(isinstance(e, nn.Module) for e in v):
+            yield v
+        elif isinstance(v, dict) and any(isinstance(e, nn.Module) for e in v.values()):
+            yield v

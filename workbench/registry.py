@@ -1,0 +1,121 @@
+"""One registry of model types: which of our op programs, and which reference
+implementation (mlx-lm for text, mlx-vlm for multimodal), builds a checkpoint's model.
+
+* ``OP_FAMILIES``: config model_type -> our op-program family (workbench/models/); the
+  fine-grained default where it exists.
+* the reference: mlx-lm builds ``mlx_lm.models.<type>`` (after its own remapping, e.g.
+  mistral -> llama); mlx-vlm builds ``mlx_vlm.models.<type>``.  A checkpoint with
+  vision or audio towers (``vision_config`` / ``audio_config``) goes to mlx-vlm, which
+  is an optional extra (``pip install 'workbench[vlm]'``), imported only then.
+
+Nothing here imports a reference package at module import time.
+"""
+from __future__ import annotations
+
+import importlib.util
+from typing import Mapping
+
+#: config model_type (top level, or text_config's for wrappers) -> op-program family
+OP_FAMILIES = {
+    "gemma4": "gemma4_text", "gemma4_text": "gemma4_text",
+    "gemma3": "gemma3_text", "gemma3_text": "gemma3_text",
+    "qwen3": "qwen3", "llama": "llama", "mistral": "llama",
+}
+
+#: model types whose checkpoints carry towers when their config has these keys
+TOWER_KEYS = ("vision_config", "audio_config")
+
+VLM_EXTRA = "pip install 'workbench[vlm]' (mlx-vlm)"
+
+
+class MissingExtra(ImportError):
+    """A reference package needed for this checkpoint is not installed (message names the extra)."""
+
+
+def model_type(config: Mapping) -> str | None:
+    mt = config.get("model_type")
+    return mt if isinstance(mt, str) else None
+
+
+def op_family(config: Mapping) -> str | None:
+    """Our op-program family for a config, or None."""
+    mt = model_type(config)
+    tc = config.get("text_config")
+    if isinstance(tc, Mapping) and mt not in OP_FAMILIES and tc.get("model_type") in OP_FAMILIES:
+        mt = tc.get("model_type")
+    return OP_FAMILIES.get(mt) if isinstance(mt, str) else None
+
+
+def has_towers(config: Mapping) -> bool:
+    return any(isinstance(config.get(k), Mapping) for k in TOWER_KEYS)
+
+
+def _installed(pkg: str) -> bool:
+    return importlib.util.find_spec(pkg) is not None
+
+
+def _lm_module(mt: str) -> str | None:
+    if not _installed("mlx_lm"):
+        return None
+    from mlx_lm.utils import MODEL_REMAPPING
+    name = MODEL_REMAPPING.get(mt, mt)
+    return name if importlib.util.find_spec(f"mlx_lm.models.{name}") is not None else None
+
+
+def _vlm_module(mt: str) -> str | None:
+    if not _installed("mlx_vlm"):
+        return None
+    try:
+        from mlx_vlm.utils import MODEL_REMAPPING
+    except ImportError:  # pragma: no cover - older mlx-vlm
+        MODEL_REMAPPING = {}
+    name = MODEL_REMAPPING.get(mt, mt)
+    return name if importlib.util.find_spec(f"mlx_vlm.models.{name}") is not None else None
+
+
+def reference_for(config: Mapping, library: str | None = None) -> tuple[str, str]:
+    """("mlx_lm" | "mlx_vlm", module name) of the reference that builds this config.
+
+    ``library`` forces one.  Raises :class:`MissingExtra` when only an uninstalled
+    package could, ValueError when none can."""
+    mt = model_type(config)
+    if mt is None:
+        raise ValueError("config.json has no string model_type: cannot tell which model to build")
+    want_vlm = library == "mlx_vlm" or (library is None and has_towers(config))
+    if want_vlm:
+        name = _vlm_module(mt)
+        if name is not None:
+            return "mlx_vlm", name
+        if not _installed("mlx_vlm"):
+            if library == "mlx_vlm":
+                raise MissingExtra(f"model_type {mt!r} with towers needs mlx-vlm: {VLM_EXTRA}")
+        elif library == "mlx_vlm":
+            raise ValueError(f"mlx-vlm cannot build model_type {mt!r}")
+    name = _lm_module(mt)
+    if name is not None:
+        if want_vlm and not _installed("mlx_vlm"):
+            raise MissingExtra(f"this {mt!r} checkpoint has vision/audio towers, which only mlx-vlm builds: "
+                               f"{VLM_EXTRA} (its language model alone: library='mlx_lm')")
+        return "mlx_lm", name
+    raise ValueError(f"model_type {mt!r} is built neither by mlx-lm nor by mlx-vlm (nor by a workbench op "
+                     f"program: {', '.join(sorted(OP_FAMILIES))})")
+
+
+def known(config: Mapping) -> bool:
+    """True when something here can build the config's model."""
+    if op_family(config):
+        return True
+    try:
+        reference_for(config)
+        return True
+    except (ValueError, ImportError):
+        return False
+
+
+def reference_available(config: Mapping) -> bool:
+    """True when a reference implementation can build the config (towers included)."""
+    try:
+        reference_for(config)
+        return True
+    except (ValueError, ImportError):
+        return False
