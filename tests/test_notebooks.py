@@ -1,45 +1,112 @@
-"""nbval over every notebook: each runs top to bottom in a fresh kernel of this environment,
-and every cell's output (after the sanitizers in notebooks/nbval_sanitize.cfg: timings,
-addresses, temporary paths) must equal the output committed in the notebook.  Cells whose
-output legitimately varies carry the ``nbval-ignore-output`` tag (set in notebooks/build.py).
+"""The notebooks: each ``notebooks/NN_name.py`` (jupytext percent format, the source) is
+paired with ``NN_name.ipynb`` (executed, outputs and widget state committed), and nbval
+re-runs every .ipynb.
 
+nbval: each notebook runs top to bottom in a fresh kernel of this environment, and every
+cell's output (after the sanitizers in notebooks/nbval_sanitize.cfg: timings, addresses,
+temporary paths) must equal the output committed in the notebook.  Cells whose output
+legitimately varies carry the ``nbval-ignore-output`` tag (``# %% tags=[...]`` in the .py).
 Each notebook runs in its own pytest subprocess, so one notebook's kernel state, imports
 or failures never leak into the rest of the suite.
 """
 from __future__ import annotations
 
+import ast
+import configparser
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-NB_DIR = ROOT / "notebooks"
-sys.path.insert(0, str(NB_DIR))
-from build import NOTEBOOKS  # noqa: E402  (the notebook list lives with the notebooks' source)
+from workbench import notebook
+from workbench.lab import NOTEBOOKS as NB_DIR
 
-sys.path.remove(str(NB_DIR))
-
-
-def test_every_notebook_is_built_from_build_py():
-    on_disk = sorted(p.name for p in NB_DIR.glob("*.ipynb"))
-    assert on_disk == sorted(NOTEBOOKS), "notebooks/ and notebooks/build.py disagree; run python notebooks/build.py"
+SOURCES = notebook.sources(NB_DIR)
+NAMES = [p.with_suffix(".ipynb").name for p in SOURCES]
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 
 
-@pytest.mark.parametrize("name", sorted(NOTEBOOKS))
+def test_every_notebook_has_its_source():
+    assert len(SOURCES) >= 8
+    assert sorted(p.name for p in NB_DIR.glob("*.ipynb")) == sorted(NAMES), \
+        "every notebooks/*.ipynb needs its NN_name.py source, and every source its executed .ipynb"
+
+
+@pytest.mark.parametrize("py", SOURCES, ids=lambda p: p.stem)
+def test_pair_in_sync(py):
+    """The committed cells are exactly the .py's (no hand edits on either side)."""
+    assert notebook.out_of_sync(py) is None
+
+
+@pytest.mark.parametrize("py", SOURCES, ids=lambda p: p.stem)
+def test_source_is_plain_python(py):
+    """The .py parses as Python (IPython magics stay commented, as jupytext writes them),
+    so linters and editors read it; every prose cell is a ``# %% [markdown]`` cell."""
+    text = py.read_text()
+    ast.parse(text, filename=str(py))
+    assert text.startswith("# ---\n# jupyter:\n#   jupytext:\n#     formats: ipynb,py:percent\n")
+    assert "# %% [markdown]" in text and "\n# %%\n" in text
+
+
+def test_out_of_sync_is_detected(tmp_path):
+    src = SOURCES[0]
+    py, ipynb = tmp_path / src.name, tmp_path / src.with_suffix(".ipynb").name
+    shutil.copy(src, py)
+    shutil.copy(src.with_suffix(".ipynb"), ipynb)
+    assert notebook.out_of_sync(py) is None
+    check = [sys.executable, "-m", "workbench.notebook", "check", "--dir", str(tmp_path)]
+    assert subprocess.run(check, capture_output=True, text=True).returncode == 0
+
+    text = py.read_text()
+    first_md = text.index("# %% [markdown]\n") + len("# %% [markdown]\n")
+    py.write_text(text[:first_md] + "# An edited first line\n" + text[first_md:])
+    why = notebook.out_of_sync(py)
+    assert why and "cell 0 differs" in why, why
+    r = subprocess.run(check, capture_output=True, text=True)
+    assert r.returncode == 1 and "cell 0 differs" in r.stdout
+
+    py.write_text(text.replace("# %%\n", '# %% tags=["nbval-ignore-output"]\n', 1))
+    assert "differs" in (notebook.out_of_sync(py) or "")
+    py.write_text(text + "\n# %%\nprint('one more cell')\n")
+    assert "cells" in (notebook.out_of_sync(py) or "")
+    py.write_text(text)
+    ipynb.unlink()
+    assert "missing" in (notebook.out_of_sync(py) or "")
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_notebook_committed_without_errors(name):
     nb = json.loads((NB_DIR / name).read_text())
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
     assert code, f"{name} has no code cells"
-    assert all(c.get("execution_count") for c in code), f"{name} is committed unexecuted; run python notebooks/build.py {name}"
+    assert all(c.get("execution_count") for c in code), \
+        f"{name} is committed unexecuted; run python -m workbench.notebook build {name[:2]}"
     errors = [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors, f"{name} is committed with errors: {[e['ename'] + ': ' + e['evalue'] for e in errors]}"
 
 
-@pytest.mark.parametrize("name", sorted(NOTEBOOKS))
+@pytest.mark.parametrize("name", NAMES)
+def test_widget_views_have_saved_state(name):
+    """Every widget view in the committed outputs has its model (and the models it
+    refers to) in the notebook's saved widget state, so JupyterLab can draw it before the
+    notebook is run (tests/test_browser_static.py checks the drawing)."""
+    nb = json.loads((NB_DIR / name).read_text())
+    views = [o["data"][WIDGET_VIEW]["model_id"] for c in nb["cells"] for o in c.get("outputs", [])
+             if WIDGET_VIEW in o.get("data", {})]
+    state = nb["metadata"].get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    missing = [m for m in views if m not in state]
+    assert not missing, f"{name}: widget views without saved state {missing}; rebuild it"
+    refs = {r[len("IPY_MODEL_"):] for m in state.values() for r in re.findall(r"IPY_MODEL_[0-9a-f]{32}", json.dumps(m))}
+    assert refs <= set(state), f"{name}: saved widget state refers to models it lacks"
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_nbval(name):
     env = dict(os.environ, PYTHONHASHSEED="0", MPLBACKEND="module://matplotlib_inline.backend_inline")
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval", "--nbval-current-env",
@@ -53,9 +120,6 @@ def test_nbval(name):
 
 def test_sanitizers_only_blank_what_varies():
     """The sanitizers must not hide real content, or nbval would compare nothing."""
-    import configparser
-    import re
-
     cfg = configparser.ConfigParser()
     cfg.read(NB_DIR / "nbval_sanitize.cfg")
     pats = [(cfg[s]["regex"], cfg[s]["replace"]) for s in cfg.sections()]
@@ -67,7 +131,7 @@ def test_sanitizers_only_blank_what_varies():
 
     assert sanitize("step took 12.5 ms at 0x7f3a2c001234 in /tmp/tmpab12cd/x") == "step took <TIME> at <ADDR> in <TMP>"
     kept = total = 0
-    for name in NOTEBOOKS:
+    for name in NAMES:
         nb = json.loads((NB_DIR / name).read_text())
         for c in nb["cells"]:
             tags = c.get("metadata", {}).get("tags", [])
@@ -81,18 +145,3 @@ def test_sanitizers_only_blank_what_varies():
     assert total > 5000 and kept / total > 0.9, (kept, total)
     nb02 = (NB_DIR / "02_weights.ipynb").read_text()
     assert "MISNAMED: model.layers.1.mlp.down_proj.weight is stored as model.layers.1.mlp.down_prj.weight" in nb02
-
-
-@pytest.mark.parametrize("name", sorted(NOTEBOOKS))
-def test_committed_notebook_matches_build_py(name):
-    """The committed cells are exactly what notebooks/build.py generates (no hand edits)."""
-    sys.path.insert(0, str(NB_DIR))
-    try:
-        import build
-        fresh = build.make(name)
-    finally:
-        sys.path.remove(str(NB_DIR))
-    nb = json.loads((NB_DIR / name).read_text())
-    committed = [(c["cell_type"], "".join(c["source"]), c.get("metadata", {}).get("tags", [])) for c in nb["cells"]]
-    generated = [(c.cell_type, c.source, c.metadata.get("tags", [])) for c in fresh.cells]
-    assert committed == generated, f"{name} differs from notebooks/build.py; run python notebooks/build.py {name}"

@@ -1,0 +1,167 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 · A tour of the workbench
+#
+# The workbench lets you **see inside a transformer language model while it runs**: every
+# intermediate value of the forward pass, op by op, with the numbers that matter when you
+# port a model to your own engine — shapes, ranges, how close a value is to overflowing
+# float16, where the first NaN appears and why.
+#
+# It runs on MLX (on a Mac's GPU, or on the CPU anywhere) and is proven against mlx-lm, the
+# reference implementation: our logits equal mlx-lm's. This tour takes a few minutes; each
+# later notebook goes deep on one topic:
+#
+# | notebook | what you learn |
+# |---|---|
+# | 02 weights | is a checkpoint complete? *missing* vs *misnamed* tensors |
+# | 03 forward pass | embeddings, norms, RoPE, attention, MLP, residual stream, logit lens |
+# | 04 NaN hunt | an fp16 overflow and a poisoned weight, found and explained |
+# | 05 buffer aliasing | an engine bug that corrupts numbers silently, and the analyzer that finds it |
+# | 06 engine diff | the first op where your engine departs from the reference |
+# | 07 mixture of experts | the router, top-k experts, expert load |
+# | 08 generation | the KV cache, token by token |
+#
+# ## The demo model
+#
+# Everything runs offline on a small model that ships with the repository: a real Gemma 4
+# architecture (sliding-window and full attention layers, per-layer embeddings), a few MB,
+# trained for a few minutes on two tasks whose answers can be checked:
+#
+# * **copy**: `lamp river coin | lamp river coin .` — repeat a list of words seen once;
+# * **recall**: `mia red kite . tom blue cup . anna green hat . tom` → ` blue cup .` — who has what
+
+# %%
+import workbench                      # first: puts MLX on a fast BLAS
+import numpy as np
+import mlx.core as mx
+from IPython.display import display
+# %matplotlib inline
+np.random.seed(0); mx.random.seed(0)
+np.set_printoptions(precision=4, suppress=True, linewidth=110)
+
+from workbench.demo.paths import DEMO
+from workbench.widgets import StepDebugger
+from workbench import plots
+model = workbench.load(DEMO, dtype="float32")   # stored in bfloat16, computed in float32 here
+model
+
+# %%
+cfg = model.config
+print({k: cfg[k] for k in ["hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"]})
+print(cfg["layer_types"])
+
+# %% [markdown]
+# ## It works: greedy generation
+#
+# `workbench.generate` decodes greedily with a KV cache (notebook 08 opens it up).
+
+# %%
+for prompt in ["apple river stone cloud | apple", "mia red kite . tom blue cup . anna green hat . tom"]:
+    g = workbench.generate(model, prompt, max_tokens=6)
+    print(f"{prompt!r} -> {g.text!r}")
+
+# %% [markdown]
+# ## The model as a program of named ops
+#
+# Inside the workbench a model's forward pass is a flat list of **ops**, each a small
+# function of earlier values. An op that applies a checkpoint weight is named after that
+# weight (`layers.0.self_attn.q_proj` applies `layers.0.self_attn.q_proj.weight`);
+# `layers.{i}` is the residual stream after layer `i`; `logits` is the last op. Every tool —
+# tracing, NaN hunting, the engine emulator, the diff, these widgets — is a view over this list.
+
+# %%
+prog = model.program
+print(len(prog), "ops; the first 14:")
+for op in prog.ops[:14]:
+    print(" ", op.describe())
+
+# %% [markdown]
+# ## A trace: every value, by name
+#
+# `workbench.trace(model, text, capture="full")` prepares a run; `run()` executes it and
+# keeps every op's output (`capture="stats"` keeps only statistics: cheaper on big models).
+
+# %%
+prompt = "apple river stone cloud tree | apple river stone"
+tr = workbench.trace(model, prompt, capture="full")
+tr.run()
+print(tr)
+tokens = [model.decode([i]) for i in tr.ids[0].tolist()]
+print(tokens)
+probs = mx.softmax(tr.logits[-1].astype(mx.float32), axis=-1)
+top = mx.argsort(-probs)[:3].tolist()
+print("next token:", [(model.decode([t]), round(probs[t].item(), 3)) for t in top])
+
+# %% [markdown]
+# Any value, by op name, as an MLX array; and its statistics:
+
+# %%
+v = tr.value("layers.0.self_attn.softmax")
+print(v.shape, "(batch, heads, query token, key token)")
+s = tr.stats("layers.2")
+print({k: (float(f"{x:.3g}") if isinstance(x, float) else x) for k, x in s.items()})
+
+# %% [markdown]
+# ## Step through it
+#
+# The `StepDebugger` drives a trace with buttons: **step** one op, **step over layer**, **run
+# to** an op by name, run to the **next non-finite** value, **back**. It shows the current op
+# with its input and output shapes, statistics, the fraction of float16's and bfloat16's
+# range used (*headroom*), a heatmap of the value (tokens × channels), the attention pattern
+# on attention ops (pick the head), and the residual-stream norm of each finished layer.
+# Click **step** a few times, then try **run to** `layers.1.self_attn.softmax`.
+
+# %%
+debugger = StepDebugger(workbench.trace(model, prompt, capture="full"))
+debugger.run_to("layers.0.self_attn.softmax")
+debugger
+
+# %% [markdown]
+# The buttons are ordinary methods too (`debugger.step()`, `debugger.run_to(name)`, ...), and
+# everything the widget shows is also available from the trace.
+#
+# ## Plots
+#
+# `workbench.plots` draws the common views as matplotlib figures, no widgets needed. The
+# residual stream's size after each layer:
+
+# %%
+plots.residual_norm_plot(tr, tokens=tokens)
+
+# %% [markdown]
+# And one attention head's pattern: each row is a query token, each column a key token it
+# may look at (only earlier ones: the model is causal). After the `|`, this head looks at the
+# word that *followed* the current word the first time round — it is an **induction head**,
+# the circuit that lets the model copy (notebook 03 explains it). Before the `|`, with nothing
+# to copy yet, it parks its attention on `<bos>`, as idle heads do.
+
+# %%
+from workbench.demo import NAMED_HEADS      # measured heads of the demo model (docs/demo.md)
+layer, head, score = NAMED_HEADS["induction"]
+plots.attention_pattern(tr.value(f"layers.{layer}.self_attn.softmax"), head=head, tokens=tokens,
+                        title=f"layers.{layer} head {head}: induction")
+
+# %% [markdown]
+# ## Checking a checkpoint, hunting a NaN
+#
+# Two one-liners you will use a lot (notebooks 02 and 04):
+
+# %%
+print(workbench.inspect(DEMO).ok)
+from workbench.trace import hunt
+print(hunt(model, prompt, dtype="float16"))
+
+# %% [markdown]
+# ## Next
+#
+# Open **03 stepping through a forward pass** to learn what each op does, or jump to the
+# topic you need. Every notebook runs top to bottom in a minute or two on a laptop CPU.

@@ -1,0 +1,255 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 03 · Stepping through a forward pass
+#
+# A language model turns a list of tokens into, for every position, a score for every
+# possible next token. In between sits a stack of identical **layers**, each reading and
+# adding to a running vector per token — the **residual stream**. This notebook walks through
+# one forward pass of the demo model (a Gemma 4 architecture) op by op, and checks each
+# step's arithmetic by hand with numpy, so nothing is magic:
+#
+# 1. tokens and **embeddings**
+# 2. **RMS norm**
+# 3. **attention**: queries, keys, values, **RoPE**, scores, softmax, the heads' outputs
+# 4. the **MLP** (a gated feed-forward network)
+# 5. the **residual stream**, layer after layer
+# 6. the **logit lens**: what each layer would predict if it were the last
+
+# %%
+import workbench                      # first: puts MLX on a fast BLAS
+import numpy as np
+import mlx.core as mx
+from IPython.display import display
+# %matplotlib inline
+np.random.seed(0); mx.random.seed(0)
+np.set_printoptions(precision=4, suppress=True, linewidth=110)
+
+from workbench.demo.paths import DEMO
+from workbench import plots
+from workbench.widgets import StepDebugger
+model = workbench.load(DEMO, dtype="float32")
+prompt = "apple river stone cloud tree | apple river stone"
+tr = workbench.trace(model, prompt, capture="full")
+tr.run()
+v = lambda name: np.array(tr.value(name)[0])   # an op's output for our one sequence, as numpy
+cfg = model.config
+D = cfg["hidden_size"]
+
+# %% [markdown]
+# ## 1 · Tokens and embeddings
+#
+# The tokenizer cuts the text into **tokens** (here: whole words, a separator `|`, and a
+# beginning-of-sequence marker) and gives each an integer id.
+
+# %%
+ids = tr.ids[0].tolist()
+tokens = [model.decode([i]) for i in ids]
+print(list(zip(ids, tokens)))
+
+# %% [markdown]
+# `embed_tokens` looks each id up in a table of learned vectors, one row per vocabulary entry.
+# Gemma then multiplies by √D (`embed_scale`), so the embeddings start at a size comparable to
+# what the layers add later.
+
+# %%
+table = np.array(model.weights("float32")["embed_tokens.weight"])
+print("table", table.shape, "-> embed_tokens", v("embed_tokens").shape)
+print("row lookup:", np.array_equal(v("embed_tokens"), table[ids]))
+print("x sqrt(D):", np.allclose(v("embed_scale"), v("embed_tokens") * np.sqrt(D), rtol=1e-2))
+
+# %% [markdown]
+# Gemma 4 adds a second, smaller embedding per layer (**per-layer embeddings**, `per_layer_inputs`:
+# one small vector per token *per layer*), fed into each layer at its end. It lets small models
+# carry token identity deep into the network cheaply.
+
+# %%
+print(v("per_layer_inputs").shape, "= (tokens, layers, size per layer)")
+
+# %% [markdown]
+# ## 2 · RMS norm
+#
+# Each layer starts by normalising every token's vector: divide by its root mean square, then
+# multiply by a learned weight per channel. Without it, the vectors' size would drift layer
+# after layer. Check `layers.0.input_layernorm` by hand:
+
+# %%
+x = v("embed_scale")  # the residual stream entering layer 0
+w = np.array(model.weights("float32")["layers.0.input_layernorm.weight"])
+eps = cfg.get("rms_norm_eps", 1e-6)
+by_hand = x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps) * w
+print("by hand == input_layernorm:", np.allclose(by_hand, v("layers.0.input_layernorm"), atol=1e-5))
+print("RMS of each token before:", np.sqrt((x ** 2).mean(-1)).round(2))
+
+# %% [markdown]
+# ## 3 · Attention
+#
+# Attention is how a token gathers information from earlier tokens. For each **head**:
+#
+# * `q_proj`, `k_proj`, `v_proj` project each token's normed vector into a **query** (what am I
+#   looking for?), a **key** (what do I contain?) and a **value** (what do I hand over?);
+# * `q_heads` splits them into heads; Gemma normalises queries and keys (`q_norm`, `k_norm`);
+# * **RoPE** rotates queries and keys by an angle proportional to the token's position, so
+#   that the dot product of a query and a key depends on how far apart they are;
+# * `scores` = query · key for every pair (query token, earlier key token); later tokens are
+#   masked out: a token cannot look at the future;
+# * `softmax` turns each row of scores into weights that sum to 1;
+# * `context` = the weighted sum of the values; `o_proj` mixes the heads back into one vector.
+
+# %%
+for name in ["layers.0.self_attn.q_proj", "layers.0.self_attn.q_heads", "layers.0.self_attn.q_rope",
+             "layers.0.self_attn.k_rope", "layers.0.self_attn.scores", "layers.0.self_attn.softmax",
+             "layers.0.self_attn.context", "layers.0.self_attn.o_proj"]:
+    print(f"{name:30s} {tr.step_info(name).output_shape}")
+
+# %% [markdown]
+# **RoPE is a rotation**: it turns pairs of channels by a position-dependent angle, so it never
+# changes a vector's length. Position 0 is not rotated at all.
+
+# %%
+q, qr = v("layers.0.self_attn.q_norm"), v("layers.0.self_attn.q_rope")   # (heads, tokens, head_dim)
+print("lengths kept:", np.allclose(np.linalg.norm(q, axis=-1), np.linalg.norm(qr, axis=-1), rtol=1e-4))
+print("position 0 unchanged:", np.allclose(q[:, 0], qr[:, 0], atol=1e-5))
+print("position 5 rotated:", not np.allclose(q[:, 5], qr[:, 5], atol=1e-3))
+
+# %% [markdown]
+# **Softmax** rows are probability distributions over the earlier tokens; everything above the
+# diagonal (the future) is exactly zero:
+
+# %%
+p = v("layers.0.self_attn.softmax")         # (heads, query, key)
+print("rows sum to 1:", np.allclose(p.sum(-1), 1, atol=1e-5))
+print("future is zero:", float(np.triu(p, k=1).max()) == 0.0)
+
+# %% [markdown]
+# Gemma 4 has two kinds of attention layers: **sliding-window** attention (a token sees only the
+# last few tokens: cheap, local) and **full** attention (sees everything), with different head
+# sizes and RoPE settings. This model has three sliding layers, then one full layer:
+
+# %%
+for i, kind in enumerate(cfg["layer_types"]):
+    print(i, kind, "q_rope", tr.step_info(f"layers.{i}.self_attn.q_rope").output_shape)
+
+# %% [markdown]
+# ### Heads with a job
+#
+# Trained heads specialise. In the copy task the model must continue `apple river stone cloud
+# tree | apple river stone` with ` cloud`. Two kinds of heads do it together:
+#
+# * a **previous-token head** attends from each token to the one just before it, copying into
+#   each token's vector "the word before me was ...";
+# * an **induction head** then attends, from the current word (`stone`), to the earlier token
+#   whose *previous* word was `stone` — that is `cloud`, the answer — and copies it.
+#
+# Which heads are they? Measure instead of guessing: on 20 fresh copy prompts
+# (6 random words, the bar, the same 6 words), average each head's attention from every token
+# to the previous one, and from each repeated word to the word that followed its first
+# occurrence.
+
+# %%
+import random
+from workbench.demo import corpus
+rng = random.Random(0)
+L, H = model.num_layers, cfg["num_attention_heads"]
+prev_score, ind_score = np.zeros((L, H)), np.zeros((L, H))
+for _ in range(20):
+    words = rng.sample(corpus.WORDS, 6)
+    t = workbench.trace(model, " ".join(words) + " | " + " ".join(words), capture=["layers.*.self_attn.softmax"])
+    t.run()
+    T = t.ids.shape[1]                     # <bos> w1..w6 | w1..w6: 14 tokens
+    q = np.arange(8, 13)                   # the repeated w1..w5 (positions 8..12)
+    for l in range(L):
+        p = np.array(t.value(f"layers.{l}.self_attn.softmax"))[0]           # (heads, query, key)
+        prev_score[l] += p[:, np.arange(1, T), np.arange(T - 1)].mean(-1) / 20
+        ind_score[l] += p[:, q, q - 6].mean(-1) / 20                        # -> the word after w_i's first occurrence
+print("previous-token score (rows: layers, columns: heads)\n", prev_score.round(2))
+print("induction score\n", ind_score.round(2))
+INDUCTION = tuple(int(x) for x in np.unravel_index(ind_score.argmax(), ind_score.shape))
+# the previous-token head the induction head relies on must run before it: an earlier layer
+earlier = prev_score[:INDUCTION[0]]
+PREV = tuple(int(x) for x in np.unravel_index(earlier.argmax(), earlier.shape))
+print("induction head (layer, head):", INDUCTION, "| previous-token head before it:", PREV)
+
+# %% [markdown]
+# Layer 1 holds the induction heads — two of them, near twins scoring almost the same
+# (docs/demo.md, measuring on more texts, names head 0; here head 1 edges ahead). An
+# induction head can only use what earlier layers wrote into the residual stream, so the
+# previous-token head it relies on must sit in an *earlier* layer: we take the best one there
+# (later layers have previous-token-like heads too, doing other jobs). Their patterns on our
+# prompt: the previous-token head is a stripe just below the diagonal; the induction head,
+# after the `|`, is a stripe shifted to the word *after* each word's first occurrence.
+
+# %%
+for role, (layer, head) in {"previous-token": PREV, "induction": INDUCTION}.items():
+    display(plots.attention_pattern(v(f"layers.{layer}.self_attn.softmax")[None], head=head, tokens=tokens,
+                                    title=f"{role} head: layers.{layer} head {head}"))
+
+# %% [markdown]
+# ## 4 · The MLP
+#
+# After attention, each token is processed on its own by a two-layer network with a **gate**:
+# `gate_proj` and `up_proj` widen the vector, `act` = GELU(gate) × up lets the gate switch
+# channels on and off, `down_proj` narrows it back to D.
+
+# %%
+g, u, a = v("layers.0.mlp.gate_proj"), v("layers.0.mlp.up_proj"), v("layers.0.mlp.act")
+gelu = lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+print(g.shape, "->", v("layers.0.mlp.down_proj").shape)
+print("act = gelu(gate) * up:", np.allclose(a, gelu(g) * u, atol=1e-5))
+print(f"fraction of gate channels GELU switches (almost) off: {(np.abs(gelu(g)) < 1e-2).mean():.0%}")
+
+# %% [markdown]
+# ## 5 · The residual stream
+#
+# Nothing in a layer *replaces* the token's vector: attention's output and the MLP's output are
+# **added** to it (after their own norms). `layers.{i}` is the stream after layer `i`. Gemma 4
+# then multiplies the whole stream by a learned per-layer number, `layer_scalar`: in this model
+# layer 0's is about 0.2, which is why the norm drops after layer 0 before growing again as
+# later layers write into the stream:
+
+# %%
+print("attn_residual = stream + normed attention:",
+      np.allclose(v("layers.0.attn_residual"), v("embed_scale") + v("layers.0.post_attention_layernorm"), atol=1e-4))
+print("layer_scalar:", [round(float(np.array(model.weights("float32")[f"layers.{i}.layer_scalar"]).ravel()[0]), 2)
+                         for i in range(model.num_layers)])
+plots.residual_norm_plot(tr, tokens=tokens)
+
+# %% [markdown]
+# ## 6 · The logit lens
+#
+# At the end, `norm` and `lm_head` turn the last stream vector into a score per vocabulary
+# token. The **logit lens** applies that same ending to the stream after *every* layer: what
+# would the model say if it stopped here? Read the table bottom-up. After layer 0 each
+# position's best guess is its own token: the stream still mostly holds the token's embedding,
+# and the embedding table is also the output table (Gemma ties them). After layer 1 — the layer
+# of the induction head — every position already predicts the right next word; the later
+# layers only make it surer.
+
+# %%
+lens = plots.logit_lens(tr, positions=list(range(len(ids) - 4, len(ids))))
+plots.logit_lens_plot(lens)
+
+# %% [markdown]
+# ## Explore
+#
+# The debugger below holds the same forward pass. Step through it, jump to any op with
+# **run to** (try `layers.2.self_attn.softmax` and change the head), and watch the heatmaps.
+
+# %%
+dbg = StepDebugger(workbench.trace(model, prompt, capture="full"))
+dbg.step_layer()
+dbg
+
+# %% [markdown]
+# **What to remember.** A transformer is a residual stream that layers read from and add
+# to; attention moves information *between* tokens, the MLP transforms each token on its own;
+# every one of those ops is a named value you can look at and check. Next: 04, when those
+# values turn into NaN.

@@ -1,0 +1,189 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 05 · Buffer aliasing: the `attnH` story
+#
+# A GPU inference engine does not run "the model"; it runs a long list of **dispatches**.
+# Each dispatch launches one kernel (a matrix multiply, a norm, an attention) that reads
+# some byte ranges of some GPU buffers and writes its result into another range. To save
+# memory, engines **reuse** a small pool of scratch buffers: the buffer that held layer 0's
+# attention output holds layer 1's once layer 0's is no longer needed.
+#
+# The classic bug: a kernel whose **output buffer is also one of its inputs**. A GPU
+# kernel computes its output in tiles, in parallel; as soon as the first tiles are written,
+# the input the remaining tiles still need is gone. The result is not an error message —
+# it is slightly wrong numbers, or NaN, a few layers later. In the reports this project
+# grew from, a Metal engine produced NaN until the attention output got its own scratch
+# buffer, `attnH` ("buffer isolation"). Nobody could *see* the aliasing; they found it by
+# trial and error.
+#
+# This notebook reproduces that bug on purpose with the **engine emulator**, then finds it
+# with the **hazard analyzer** — the same analyzer you can point at a schedule recorded from
+# your own engine.
+
+# %%
+import workbench                      # first: puts MLX on a fast BLAS
+import numpy as np
+import mlx.core as mx
+from IPython.display import display
+# %matplotlib inline
+np.random.seed(0); mx.random.seed(0)
+np.set_printoptions(precision=4, suppress=True, linewidth=110)
+
+import tempfile, pathlib, json
+from workbench import zoo
+from workbench.buffers import analyze, load_schedule, Emulator
+from workbench.widgets import HazardTimeline
+work = pathlib.Path(tempfile.mkdtemp())
+model = workbench.load(zoo.build("gemma4_text", work / "g4", dtype="float32"))
+ids = [1, 5, 9, 3, 7, 2, 11, 4]
+model
+
+# %% [markdown]
+# ## An engine, emulated
+#
+# `Emulator(model, ids)` runs the model's op program the way an engine does: every value
+# lives at a byte offset in a named buffer of a fixed pool, every op is a dispatch that reads
+# its inputs' bytes and writes its output's bytes, and everything is recorded as a
+# **schedule** (`workbench.schedule/1`, a JSON format an engine can emit too).
+#
+# The default **plan** gives each op *role* one scratch buffer, reused from layer to layer
+# once the previous layer's value is dead — like a real engine. It is hazard-free, and the
+# logits come out bit-for-bit equal to the reference.
+
+# %%
+emu = Emulator(model, ids)
+plan = emu.plan()
+print(plan)
+print("\n".join(plan.table().splitlines()[12:22]))
+
+# %%
+good = emu.run(plan)
+print(good.summary())
+print(len(good.schedule.events), "events recorded")
+
+# %% [markdown]
+# ## The bug: attention's output projection writes over its own input
+#
+# In layer 1, `self_attn.context` (the attention result, heads concatenated) is the input of
+# `self_attn.o_proj` (the output projection, a matrix multiply). Put `o_proj`'s output in
+# the very bytes of its input — one line in the plan:
+
+# %%
+o_proj, context = "layers.1.self_attn.o_proj", "layers.1.self_attn.context"
+bad = emu.run(plan.place(o_proj, like=context))
+print(bad.summary())
+
+# %% [markdown]
+# The logits are wrong, and the emulator knows the first op whose bytes differ from the
+# reference: `o_proj` itself. A matrix multiply computing its output tile by tile read rows
+# of `context` that its own earlier tiles had already overwritten.
+#
+# In a real engine you do not have a reference to compare bytes with. What you *can* have
+# is the schedule — and the analyzer needs nothing else:
+
+# %%
+hazards = analyze(bad.schedule)
+for h in hazards:
+    print(f"event {h.event} [{h.kind}] buffer {h.buffer!r} bytes {h.range}")
+    print(h.message)
+
+# %% [markdown]
+# `alias-in-dispatch`: one dispatch reads and writes exactly the same bytes, and its kernel
+# does not declare that pair safe in-place. (Element-wise kernels — an add, a scale — *are*
+# safe in-place, because each output element depends only on the same input element; the
+# schedule's `kernels` section declares such pairs, and the analyzer accepts them.)
+#
+# ## Seeing it
+#
+# `HazardTimeline` draws buffers (rows) against events (columns): a grey bar is a buffer's
+# live range, blue ticks reads, orange writes, purple both, and red boxes hazards. Pick a
+# hazard to see both dispatches' reads and writes, the overlapping bytes in red.
+
+# %%
+timeline = HazardTimeline(bad.schedule)
+timeline
+
+# %% [markdown]
+# ## The fix: a separate `attnH` buffer
+#
+# Give `o_proj` an output buffer of its own — exactly what the engine's authors eventually did:
+
+# %%
+fixed = emu.run(plan.place(o_proj, like=context).place(o_proj, buffer="attnH"))
+print(fixed.summary())
+
+# %% [markdown]
+# ## The other form: a value overwritten before its last reader
+#
+# Aliasing does not need one kernel reading and writing the same bytes. Here the attention
+# output of layer 1 is written into the buffer holding the residual stream `layers.0` —
+# which layer 1 still has to add back in (`attn_residual = layers.0 + attention`). Each
+# dispatch on its own is fine; the *order* is not. The analyzer tracks which value was last
+# written to every byte, and the schedule labels what each read expects:
+
+# %%
+stale = emu.run(plan.place(context, like="layers.0"))
+print(stale.summary())
+h = stale.hazards[0]
+print(h.kind, "at event", h.event, "| earlier event:", h.other)
+print(h.message)
+
+# %% [markdown]
+# ## Your engine's schedule
+#
+# The schedule is a plain JSON file. An engine emits one entry per dispatch while it encodes
+# (buffer id, byte offset, size for every read and write; optionally the name of the tensor
+# written or expected), plus barriers and command-buffer commits. docs/schedule.md is the
+# format and a short guide to emitting it from Metal or CUDA. Here is what two events look like:
+
+# %%
+path = work / "bad.schedule.json"
+bad.schedule.save(path)
+doc = json.loads(path.read_text())
+print(doc["format"], doc["mode"], len(doc["events"]), "events")
+i = bad.dispatch_of(o_proj)
+print(json.dumps(doc["events"][i], indent=1))
+
+# %% [markdown]
+# The command line gives the same answer, with exit status 1 when hazards are found (so a CI
+# job can run it on every engine build):
+
+# %%
+from workbench.cli import main as workbench_cli
+print("exit status", workbench_cli(["hazards", str(path)]))
+
+# %% [markdown]
+# ## Command buffers
+#
+# The same analyzer checks the command-buffer lifecycle. Another crash from the reports:
+# encoding a dispatch into a command buffer that was already committed. A four-event
+# schedule is enough to show it:
+
+# %%
+tiny = {"format": "workbench.schedule/1", "mode": "serial",
+        "buffers": {"x": {"size": 64, "initialized": True}, "y": {"size": 64}},
+        "events": [
+            {"type": "dispatch", "name": "norm", "kernel": "rmsnorm", "cb": 0,
+             "reads": [{"arg": "x", "buffer": "x", "offset": 0, "size": 64}],
+             "writes": [{"arg": "out", "buffer": "y", "offset": 0, "size": 64}]},
+            {"type": "commit", "cb": 0},
+            {"type": "dispatch", "name": "late_add", "kernel": "add", "cb": 0,
+             "reads": [{"arg": "a", "buffer": "y", "offset": 0, "size": 64}],
+             "writes": [{"arg": "out", "buffer": "x", "offset": 0, "size": 64}]}]}
+for h in analyze(tiny):
+    print(h)
+
+# %% [markdown]
+# **What to remember.** Buffer reuse bugs give plausible-looking wrong numbers, far from
+# their cause. Record the schedule your engine actually encodes, and let the analyzer name
+# the dispatch, the buffer and the bytes. Next: notebook 06 compares an engine's activations
+# with the reference, op by op.

@@ -1,0 +1,198 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 06 · Engine diff: where does my engine go wrong?
+#
+# You ported a model to your own engine (Metal, CUDA, C++...). It runs, but the text it
+# generates is garbage, or just a bit worse than it should be. Comparing the final logits tells
+# you *that* something is wrong. The engine diff tells you **where**: it matches your engine's
+# intermediate tensors to the reference's ops and reports the **first op, in execution order,
+# whose error is beyond tolerance** — after that op everything is wrong anyway.
+#
+# The recipe:
+#
+# 1. make your engine write the tensors it computes (any names) to a `.safetensors`, `.npz`
+#    or a folder of `.npy` files, for a fixed list of token ids;
+# 2. write a small rules file mapping your names to ours (regular expressions);
+# 3. `workbench diff MODEL engine.npz --ids ... --map rules.json`.
+#
+# Here the "engine" is simulated: the demo model's own op program with one op swapped for a
+# subtly wrong one — exactly the kind of bug a port contains.
+
+# %%
+import workbench                      # first: puts MLX on a fast BLAS
+import numpy as np
+import mlx.core as mx
+from IPython.display import display
+# %matplotlib inline
+np.random.seed(0); mx.random.seed(0)
+np.set_printoptions(precision=4, suppress=True, linewidth=110)
+
+import dataclasses, tempfile, pathlib, json
+import mlx.nn as nn
+from workbench.demo.paths import DEMO
+from workbench.program import Program, execute
+from workbench import plots
+from workbench.diff import compare
+from workbench.widgets import DiffView
+work = pathlib.Path(tempfile.mkdtemp())
+model = workbench.load(DEMO)
+prompt = "apple river stone cloud tree | apple river stone"
+ids = model.encode(prompt)
+print(len(ids), "tokens:", ids)
+
+
+# %% [markdown]
+# ## A ported engine with a classic bug
+#
+# Gemma's MLP uses GELU as its gate activation; Llama's uses SiLU. Porting from a Llama engine,
+# it is easy to keep SiLU. The two functions look alike (both ≈ x for large x, ≈ 0 for very
+# negative x), so the model still produces *plausible* output. Since the model is a program —
+# a list of ops — our "engine" is that list with the activation op replaced, run in bfloat16
+# like a real GPU engine:
+
+# %%
+def engine_program(program, bug=True):
+    ops = []
+    for op in program.ops:
+        if bug and op.name.endswith(".mlp.act"):
+            op = dataclasses.replace(op, fn=lambda ctx, gate, up: nn.silu(gate) * up)   # should be gelu_approx
+        ops.append(op)
+    return Program(ops, program.inputs)
+
+def run_engine(bug):
+    vals = execute(engine_program(model.program, bug), model.context("bfloat16"),
+                   model.feeds(mx.array([ids])), keep=lambda n: True)
+    return {k: np.array(v.astype(mx.float32))[0] for k, v in vals.items() if k in model.program.names}
+
+buggy = run_engine(bug=True)
+print("engine's next token:", repr(model.decode([int(buggy["logits"][-1].argmax())])))
+
+# %% [markdown]
+# ## The engine's dump
+#
+# Engines name their tensors their own way and do not dump everything. Ours writes, llama.cpp
+# style, a few tensors per layer (without the batch dimension) — plus one tensor that has no
+# counterpart in the reference:
+
+# %%
+NAMES = {"attn_norm": "input_layernorm", "attn_out": "self_attn.o_proj", "ffn_inp": "attn_residual",
+         "ffn_act": "mlp.act", "ffn_out": "mlp.down_proj", "l_out": ""}
+
+def write_dump(values, path):
+    out = {"tok_embd": values["embed_scale"], "result_output": values["logits"]}
+    for i in range(model.num_layers):
+        for theirs, ours in NAMES.items():
+            out[f"blk.{i}.{theirs}"] = values[f"layers.{i}" + (f".{ours}" if ours else "")]
+    out["blk.0.kq_scaled"] = values["layers.0.self_attn.scores"]   # an engine-only tensor
+    np.savez(path, **out)
+    return sorted(out)
+
+names = write_dump(buggy, work / "engine.npz")
+print(len(names), "tensors:", names[:8], "...")
+
+# %% [markdown]
+# ## Rules: engine names → our op names
+#
+# A list of `[regex, replacement]` pairs, applied in order. Our op names are documented in
+# docs/ops.md.
+
+# %%
+rules = [[r"^tok_embd$", "embed_scale"], [r"^result_output$", "logits"],
+         [r"^blk\.(\d+)\.l_out$", r"layers.\1"]] + \
+        [[rf"^blk\.(\d+)\.{theirs}$", rf"layers.\1.{ours}"] for theirs, ours in NAMES.items() if ours]
+(work / "rules.json").write_text(json.dumps(rules, indent=1))
+print((work / "rules.json").read_text()[:300])
+
+# %% [markdown]
+# ## The diff
+#
+# `compare` runs our reference on the same ids, captures exactly the ops the engine dumped,
+# reconciles layouts (here: the missing batch dimension) and computes, per op, the cosine
+# similarity, the normalised mean squared error (NMSE: error energy / signal energy) and the
+# largest absolute error.
+
+# %% tags=["nbval-ignore-output"]
+report = compare(model, work / "engine.npz", ids=ids, rules=work / "rules.json", dtype="float32")
+print(report.summary(max_ops=12))
+
+# %%
+fd = report.first_divergence
+print("first divergence:", fd.op, "| its inputs:", report.first_divergence_dict()["inputs"])
+
+# %% [markdown]
+# The first divergence is an MLP activation (`mlp.act`), and its inputs (`gate_proj`,
+# `up_proj`) were not dumped, so the report cannot yet say whether they were fine: the next
+# step would be to dump them too. Everything before it — norms, attention outputs, residual
+# adds — matched within bfloat16's rounding.
+#
+# Look closely, though: the *first* layer's activation is computed with the same wrong
+# function, yet it passed. Its values are small, where SiLU and GELU differ little, so its
+# error stayed under the default tolerance (NMSE ≤ 0.01). The error curve shows the whole run:
+# a floor of bfloat16 rounding noise, then a spike at every layer's activation, carried on by
+# the residual stream.
+
+# %%
+plots.error_curve(report)
+
+# %% [markdown]
+# The `DiffView` widget is the same curve with controls: pick the metrics, pick an op to see
+# its numbers, the layout reconciliation and the status of the ops it reads.
+
+# %%
+view = DiffView(report)
+view
+
+# %% [markdown]
+# ## The fixed engine
+#
+# With GELU restored, the only differences left are bfloat16 rounding: no divergence, and the
+# unmatched names are still listed (nothing is skipped silently).
+
+# %%
+write_dump(run_engine(bug=False), work / "engine_fixed.npz")
+fixed = compare(model, work / "engine_fixed.npz", ids=ids, rules=rules, dtype="float32")
+print(fixed.first_divergence, "|", fixed.compared, "ops compared")
+print("engine tensors matching no op:", fixed.unmatched_engine, "-> closest:", fixed.suggestions)
+print("every op within 1e-3 NMSE of the reference:", max(o.nmse for o in fixed.ops) < 1e-3)
+
+# %% [markdown]
+# ## Tolerance and the noise floor
+#
+# The default tolerance (cosine ≥ 0.995, NMSE ≤ 0.01) lets a bfloat16 engine pass on small
+# models while catching the usual bugs — but, as we just saw, it can miss a bug where values
+# are small. `noise_floor="bfloat16"` runs our reference in bfloat16 *too* and holds each op to
+# a multiple (10×) of the error our own bfloat16 run has at that op: a much tighter, per-op
+# limit. It finds the bug where it first happens, in layer 0:
+
+# %%
+strict = compare(model, work / "engine.npz", ids=ids, rules=rules, noise_floor="bfloat16")
+print("first divergence with a noise floor:", strict.first_divergence.op)
+
+# %% [markdown]
+# ## On the command line
+#
+# `workbench dump` writes our reference activations (for your own tools); `workbench diff`
+# compares. Exit status 1 when a divergence is found.
+
+# %% tags=["nbval-ignore-output"]
+from workbench.cli import main as workbench_cli
+ids_arg = ",".join(map(str, ids))
+status = workbench_cli(["diff", str(DEMO), str(work / "engine.npz"), "--ids", ids_arg,
+                        "--map", str(work / "rules.json"), "--dtype", "float32"])
+
+# %%
+print("exit status", status)
+
+# %% [markdown]
+# **What to remember.** Dump a handful of tensors per layer, map the names once, and let the
+# diff find the first op that departs from the reference; then dump that op's inputs too. Next:
+# 07, models whose MLP is a team of experts.

@@ -1,0 +1,153 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 08 · Generation with a KV cache
+#
+# A language model predicts one token at a time. To write a sentence, generation loops:
+# run the model on the text so far, pick the next token (here: the most likely one —
+# **greedy** decoding), append it, repeat.
+#
+# Running the whole text again for every new token repeats almost all the work: in a causal
+# model, earlier tokens never look at later ones, so their **keys and values** — the vectors
+# attention reads — never change. The **KV cache** keeps them: the first forward pass (the
+# **prefill**) runs on the whole prompt and stores every layer's keys and values; each later
+# forward runs on **one** new token, appends its key and value, and attends over the cache.
+#
+# Cache bugs are a classic of engine ports (wrong positions for RoPE, off-by-one lengths,
+# a cache shared between layers that should not share it). Here we look inside one generation
+# and prove that the cached forward passes give the same numbers as recomputing everything.
+
+# %%
+import workbench                      # first: puts MLX on a fast BLAS
+import numpy as np
+import mlx.core as mx
+from IPython.display import display
+# %matplotlib inline
+np.random.seed(0); mx.random.seed(0)
+np.set_printoptions(precision=4, suppress=True, linewidth=110)
+
+from workbench.demo.paths import DEMO
+from workbench import plots
+model = workbench.load(DEMO, dtype="float32")
+prompt = "apple river stone cloud tree | apple"
+g = workbench.generate(model, prompt, max_tokens=6, capture="full")
+print(repr(prompt), "->", repr(g.text))
+print(g)
+
+# %% [markdown]
+# `g.traces` holds one full trace per forward pass: `traces[0]` is the prefill, `traces[k]`
+# produced token `k`. Look at the shapes of layer 0's queries, cached keys and attention
+# scores in each:
+
+# %%
+for k, t in enumerate(g.traces):
+    q = t.step_info("layers.0.self_attn.q_rope").output_shape
+    kc = t.step_info("layers.0.self_attn.k_cache").output_shape
+    sc = t.step_info("layers.0.self_attn.scores").output_shape
+    print(f"forward {k}: input {tuple(t.ids.shape)}  queries {q}  cached keys {kc}  scores {sc}")
+
+# %% [markdown]
+# The prefill runs all prompt tokens at once (queries for every position). Each later forward
+# has a **single** query — the new token — but its scores span every position so far: the
+# cache grows by one key per step (the third dimension of `cached keys`).
+#
+# Note `rope_offset`: the new token must be rotated by its *true position* in the text, not
+# by 0. Forgetting that is one of the most common cache bugs.
+
+# %%
+print([int(np.array(t.value("rope_offset"))[0]) for t in g.traces])
+
+# %% [markdown]
+# ## Proof: cached = recomputed
+#
+# For every generated token, run the whole text so far *without* a cache and compare the
+# last position's logits with the cached forward's:
+
+# %%
+prompt_ids = g.prompt_ids[0].tolist()
+for k, t in enumerate(g.traces):
+    full = workbench.trace(model, prompt_ids + g.tokens[:k], capture=None)
+    full.run()
+    a, b = np.array(t.logits[-1]), np.array(full.logits[-1])
+    print(f"token {k}: equal within 1e-4: {np.abs(a - b).max() < 1e-4}   same argmax: {a.argmax() == b.argmax()}")
+
+# %% [markdown]
+# Equal up to float32 rounding (the sums are done in a different order).
+#
+# ## What the new token looks at
+#
+# In the copy task, the model continues the second half by looking back at the first half.
+# The induction head's attention row for each generated token shows where it looked — the word
+# *after* the previous occurrence of the current word:
+
+# %%
+from workbench.demo import NAMED_HEADS      # measured heads of the demo model (docs/demo.md)
+layer, head, score = NAMED_HEADS["induction"]
+all_tokens = [model.decode([i]) for i in prompt_ids + g.tokens]
+for k, t in enumerate(g.traces[1:], start=1):
+    row = np.array(t.value(f"layers.{layer}.self_attn.softmax"))[0, head, -1]   # [positions so far]
+    pos = int(row.argmax())
+    cur = all_tokens[len(prompt_ids) + k - 1]
+    print(f"current {cur!r:9s} looks at position {pos:2d} {all_tokens[pos]!r:9s} (weight {row[pos]:.2f}) -> predicts {model.decode([g.tokens[k]])!r}")
+
+# %% [markdown]
+# ## Sliding windows and shared caches
+#
+# Gemma 4's sliding-window layers only attend to the last `sliding_window` positions: their
+# mask (`attn_mask_sliding`) hides older cache entries. Its last layers may also **share** the
+# cache of an earlier layer of the same type instead of computing their own keys and values
+# (`num_kv_shared_layers`): such layers have no `k_proj`, and their attention reads the other
+# layer's `k_cache`.
+
+# %%
+cfg = model.config
+print("sliding_window:", cfg.get("sliding_window"), "| kv-shared layers:", cfg.get("num_kv_shared_layers"))
+for i in range(model.num_layers):
+    scores = model.program[f"layers.{i}.self_attn.scores"]
+    print(f"layer {i} ({cfg['layer_types'][i]}): scores read {', '.join(scores.inputs)}")
+
+# %% [markdown]
+# ## Watching values across tokens
+#
+# `g.stats(op)` gives an op's statistics in every forward pass — a quick way to see a value
+# drift as generation goes on (in a broken engine: growing until it overflows).
+
+# %%
+for name in ["layers.0", f"layers.{model.num_layers - 1}", "logits"]:
+    print(f"{name:10s}", [float(f"{s['absmax']:.3g}") for s in g.stats(name)])
+print("first non-finite in any forward:", g.first_nonfinite())
+
+# %% [markdown]
+# ## Why bother: the cost
+#
+# With the cache each new token costs one token's worth of compute; without it, the whole text
+# again. Timing both on this tiny model (your numbers will differ):
+
+# %% tags=["nbval-ignore-output"]
+import time
+def timed(f):
+    t0 = time.perf_counter(); f(); return time.perf_counter() - t0
+long_prompt = " ".join(["apple river stone cloud tree bird moon sun star rain |"] * 4)
+n = 16
+with_cache = timed(lambda: workbench.generate(model, long_prompt, max_tokens=n, capture=None))
+def no_cache():
+    ids = model.encode(long_prompt)
+    for _ in range(n):
+        t = workbench.trace(model, ids, capture=None); t.run()
+        ids = ids + [int(mx.argmax(t.logits[-1]).item())]
+without = timed(no_cache)
+print(f"{n} tokens: with cache {with_cache:.2f} s, without {without:.2f} s")
+
+# %% [markdown]
+# **What to remember.** Generation = prefill + one-token forwards over a growing cache; the
+# cached numbers must equal a full recomputation, with each new token rotated at its true
+# position. When an engine's first generated token is right and the next ones are wrong, look
+# at the cache.
