@@ -12,4 +12,4 @@ PY=${PYTHON:-python3}
 [ -d .venv ] || $PY -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
-python -m pip install -q -e ".[${WORKBENCH_EXTRAS:-test}]"
+python -m pip install -q -e ".[${WORKBENCH_EXTRAS:-test,vlm}]"

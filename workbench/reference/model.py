@@ -249,8 +249,21 @@ class ReferenceModel:
         return primary
 
     def module_trace(self, ids_or_text, capture="stats", dtype=None, breakpoints=None, interventions=None, *,
-                     cache=None, attention_mask=None, pad_id=None, extra=None, **kw) -> ModuleTrace:
+                     cache=None, attention_mask=None, pad_id=None, images=None, audio=None,
+                     **kw) -> ModuleTrace:
+        """A :class:`ModuleTrace` of one forward (see :func:`workbench.trace.trace`); ``images``
+        and ``audio`` (multimodal checkpoints) go through the model's own processor and
+        their placeholder tokens go before the text (:mod:`workbench.reference.media`)."""
         ids, mask, batched = prepare_ids(self, ids_or_text, pad_id)
+        extra = None
+        if images or audio:
+            if self.library != "mlx_vlm":
+                raise TraceError("images and audio need the multimodal reference (mlx-vlm): this model was "
+                                 f"opened with {self.library}")
+            if ids.shape[0] != 1:
+                raise TraceError("images and audio go with one prompt at a time")
+            from workbench.reference import media
+            ids, extra = media.prepare(self, ids[0].tolist(), images=images or (), audio=audio or ())
         if attention_mask is not None:
             mask = attention_mask if isinstance(attention_mask, mx.array) else mx.array(attention_mask)
         if mask is not None and not bool(mx.all(mask).item()):

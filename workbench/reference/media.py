@@ -1,0 +1,138 @@
+"""Images and audio for a multimodal reference model, preprocessed by the model's own
+processor (mlx-vlm's), offline.
+
+    ids, extra = prepare(model, "what is this?", images=["cat.png"], audio=[waveform])
+
+Images: arrays ([H, W, 3] uint8, or float in [0, 1]) or PNG / JPEG paths.  Audio: 1-D
+float waveforms at the feature extractor's sampling rate (16 kHz for Gemma 4), or WAV
+paths (PCM 16-bit or 32-bit float, mono or the first channel).  The placeholder tokens
+go first, as the model's chat template puts them: for each image ``boi, image × n,
+eoi``, for each clip ``boa, audio × m, eoa``, then the text.
+
+Supported families: Gemma 4 (vision and audio).  Another family is refused by name.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import wave
+import warnings
+from pathlib import Path
+from typing import Any, Sequence
+
+import mlx.core as mx
+import numpy as np
+
+MAX_MEDIA_BYTES = 256 * 2**20
+
+
+def _processor_config(root: Path) -> dict:
+    for name in ("processor_config.json", "preprocessor_config.json"):
+        p = root / name
+        if p.is_file():
+            if p.stat().st_size > 1_000_000:
+                raise ValueError(f"{p}: larger than 1 MB")
+            d = json.loads(p.read_text())
+            if isinstance(d, dict):
+                return d.get("image_processor", d) if isinstance(d.get("image_processor"), dict) else d
+    return {}
+
+
+def _regular(path) -> Path:
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"{p}: not a regular file")
+    if p.stat().st_size > MAX_MEDIA_BYTES:
+        raise ValueError(f"{p}: larger than {MAX_MEDIA_BYTES // 2**20} MB")
+    return p
+
+
+def load_image(x) -> np.ndarray:
+    """[H, W, 3] uint8 from an array or a PNG / JPEG file."""
+    if isinstance(x, (str, os.PathLike)):
+        from PIL import Image
+        with Image.open(_regular(x)) as im:
+            return np.asarray(im.convert("RGB"))
+    a = np.asarray(x)
+    if a.ndim != 3 or a.shape[-1] not in (1, 3, 4):
+        raise ValueError(f"an image is [H, W, 3] (channels last), got shape {a.shape}")
+    if a.dtype != np.uint8:
+        if not np.all(np.isfinite(a)):
+            raise ValueError("image values must be finite")
+        a = (np.clip(a.astype(np.float64), 0, 1) * 255).round().astype(np.uint8)
+    if a.shape[-1] == 1:
+        a = np.repeat(a, 3, axis=-1)
+    return a[..., :3]
+
+
+def load_audio(x, rate: int) -> np.ndarray:
+    """1-D float32 waveform from an array or a WAV file at ``rate`` Hz."""
+    if isinstance(x, (str, os.PathLike)):
+        p = _regular(x)
+        with wave.open(str(p), "rb") as w:
+            sr, ch, width, n = w.getframerate(), w.getnchannels(), w.getsampwidth(), w.getnframes()
+            data = w.readframes(n)
+        if sr != rate:
+            raise ValueError(f"{p}: sampled at {sr} Hz, the model's feature extractor wants {rate} Hz")
+        if width == 2:
+            a = np.frombuffer(data, "<i2").astype(np.float32) / 32768.0
+        elif width == 4:
+            a = np.frombuffer(data, "<i4").astype(np.float32) / 2**31
+        else:
+            raise ValueError(f"{p}: {8 * width}-bit WAV is not supported (16 or 32-bit PCM)")
+        return a.reshape(-1, ch)[:, 0]
+    a = np.asarray(x, dtype=np.float32)
+    if a.ndim != 1:
+        raise ValueError(f"a waveform is 1-D, got shape {a.shape}")
+    return a
+
+
+def _int_cfg(cfg, key, default):
+    v = cfg.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise ValueError(f"config.json: {key!r} must be a positive integer, got {v!r}")
+    return v
+
+
+def prepare(model, text_ids: Sequence[int], images=(), audio=()) -> tuple[mx.array, dict[str, Any]]:
+    """(input_ids [1, T], keyword inputs of the reference forward) for one prompt."""
+    cfg = model.full_config
+    if model.family != "gemma4":
+        raise ValueError(f"images and audio are supported for gemma4 checkpoints, not {model.family!r}")
+    root = Path(model.checkpoint.root)
+    proc = _processor_config(root)
+    vc, ac = cfg.get("vision_config") or {}, cfg.get("audio_config")
+    prefix: list[int] = []
+    extra: dict[str, Any] = {}
+    if images:
+        from mlx_vlm.models.gemma4.processing_gemma4 import Gemma4ImageProcessor
+        ip = Gemma4ImageProcessor(
+            patch_size=_int_cfg(proc, "patch_size", vc.get("patch_size", 16)),
+            max_soft_tokens=_int_cfg(proc, "max_soft_tokens", cfg.get("vision_soft_tokens_per_image", 280)),
+            pooling_kernel_size=_int_cfg(proc, "pooling_kernel_size", vc.get("pooling_kernel_size", 3)))
+        data, counts = ip([load_image(x) for x in images])
+        pv = data["pixel_values"]
+        if isinstance(pv, list):
+            raise ValueError("images of different aspect ratios: trace them one at a time")
+        extra["pixel_values"] = mx.array(pv)
+        for n in counts:
+            prefix += [cfg["boi_token_id"]] + [cfg["image_token_id"]] * n + [cfg["eoi_token_id"]]
+    if audio:
+        if not isinstance(ac, dict):
+            raise ValueError("this checkpoint has no audio tower (config.json has no audio_config)")
+        from mlx_vlm.models.gemma4.audio_feature_extractor import Gemma4AudioFeatureExtractor
+        with warnings.catch_warnings():  # transformers' note on mel filters with no frequency bin
+            warnings.simplefilter("ignore")
+            fe = Gemma4AudioFeatureExtractor()
+            waves = [load_audio(x, fe.sampling_rate) for x in audio]
+            feats = fe(waves, return_attention_mask=True)
+        ms = _int_cfg(cfg, "audio_ms_per_token", 40)
+        cap = _int_cfg(proc, "audio_seq_length", 750)
+        extra["input_features"] = mx.array(np.stack(feats["input_features"]))
+        extra["input_features_mask"] = mx.array(np.stack(feats["input_features_mask"]))
+        for w in waves:
+            n = min(math.ceil(1000 * len(w) / fe.sampling_rate / ms), cap)
+            prefix += [cfg["boa_token_id"]] + [cfg["audio_token_id"]] * n + [cfg["eoa_token_id"]]
+    ids = mx.array([prefix + list(text_ids)], dtype=mx.int32)
+    return ids, extra
