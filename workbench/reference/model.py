@@ -22,18 +22,10 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from workbench import registry
+from workbench.dtypes import dtype_name, parse_dtype
 from workbench.reference import recorder as R
 from workbench.trace.modules import ModuleTrace
 from workbench.trace.tracer import TraceError, prepare_ids
-
-
-def _parse_dtype(dtype):
-    from workbench.models.base import parse_dtype
-    return parse_dtype(dtype)
-
-
-def _dtype_name(dtype) -> str:
-    return str(dtype).replace("mlx.core.", "")
 
 
 class Session:
@@ -98,7 +90,7 @@ class Session:
             if _is_cache(v):
                 raise TraceError(f"{tape.names[i]!r} updates the KV cache: it is not recomputed "
                                  "(it would update the cache twice)")
-        dtype = _parse_dtype(dtype) or self.dtype
+        dtype = parse_dtype(dtype) or self.dtype
         module, _ = self.model.module(dtype)
         mod = R.module_at(module, self.model.raw_path(tape.modules[i]))
 
@@ -180,7 +172,7 @@ class ReferenceModel:
 
     def __repr__(self):
         return (f"<workbench model {self.family} ({self.library}, module granularity): {self.num_layers} layers, "
-                f"{_dtype_name(self.default_dtype)}>")
+                f"{dtype_name(self.default_dtype)}>")
 
     # -- building
     def _load(self, dtype):
@@ -198,7 +190,7 @@ class ReferenceModel:
 
     def module(self, dtype=None) -> tuple[nn.Module, dict]:
         """The instrumented reference model computing in ``dtype`` and its step names."""
-        dt = _parse_dtype(dtype) or self.default_dtype
+        dt = parse_dtype(dtype) or self.default_dtype
         got = self._models.get(dt)
         if got is None:
             m, _ = self._load(dt)
@@ -274,7 +266,7 @@ class ReferenceModel:
             if lo < 0 or hi >= self.vocab_size:
                 raise ValueError(f"token id {hi if hi >= self.vocab_size else lo} out of range for a "
                                  f"vocabulary of {self.vocab_size}")
-        dt = _parse_dtype(dtype) or self.default_dtype
+        dt = parse_dtype(dtype) or self.default_dtype
         session = Session(self, ids, dt, cache, extra)
         t = ModuleTrace(session, capture=capture, breakpoints=breakpoints, interventions=interventions,
                         model=self, **kw)
