@@ -193,6 +193,10 @@ def test_npy_directory_and_safetensors_engine(ckpt, reference, tmp_path, capsys)
     (["dump", "{ck}", "--ids", "1,2", "--out", "{ck}/model.safetensors"], "not overwriting"),
     (["dump", "{tmp}/broken", "--ids", "1,2", "--out", "{tmp}/x.safetensors"], "missing tensor"),
     (["diff", "{tmp}/badtype", "{tmp}/names.npz", "--ids", "1,2"], "unsupported model_type"),
+    (["diff", "{ck}", "{tmp}/names.npz", "--ids", "1,2", "--min-cosine", "nan"], "--min-cosine must be a finite"),
+    (["diff", "{ck}", "{tmp}/names.npz", "--ids", "1,2", "--max-nmse", "inf"], "--max-nmse must be a finite"),
+    (["diff", "{ck}", "{tmp}/names.npz", "--ids", "1,2", "--max-abs=-inf"], "--max-abs must be a finite"),
+    (["diff", "{ck}", "{tmp}/names.npz", "--ids", "1,2", "--noise-factor", "NaN"], "--noise-factor must be a finite"),
 ])
 def test_unusable_input_exits_2_with_one_line(ckpt, tmp_path, capsys, args, msg):
     (tmp_path / "garbage.safetensors").write_bytes(b"\xff" * 64)
@@ -390,3 +394,80 @@ def test_engine_weights_against_the_checkpoint(tmp_path, capsys):
                "--json"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 1 and out["first_weight_mismatch"] == "layers.1.mlp.up_proj.weight" and len(out["weights"]) == 3
+
+
+# ------------------------------------------------------------------ non-finite values, honestly
+
+def test_planted_nan_block_is_reported_in_every_metric_and_view(ckpt, reference, tmp_path, capsys):
+    """An engine whose o_proj output holds a NaN tile (tokens 2-4 x channels 8-11, as an aliased
+    buffer leaves): no metric of that op looks clean, the report says where, and points to hazards."""
+    rules = tmp_path / "rules.json"
+    rules.write_text(json.dumps(RULES))
+    target = "layers.1.self_attn.o_proj"
+    eng = write_engine(reference, tmp_path / "engine.npz")
+    x = eng["blk.1.attn.o_proj"].copy()
+    x[2:5, 8:12] = np.nan
+    eng["blk.1.attn.o_proj"] = x
+    np.savez(tmp_path / "engine.npz", **eng)
+    args = ["diff", str(ckpt), str(tmp_path / "engine.npz"), "--ids", ",".join(map(str, IDS)), "--map", str(rules)]
+    # the report object
+    r = compare(ckpt, tmp_path / "engine.npz", ids=IDS, rules=RULES)
+    o = r[target]
+    assert r.first_divergence is o and o.status == "diverged"
+    for v in (o.cosine, o.nmse, o.max_abs, o.max_rel):
+        assert np.isnan(v)
+    assert o.nonfinite_engine["nan"] == 12 and o.nonfinite["count"] == 12
+    assert o.nonfinite["rows"] == [[2, 4]] and o.nonfinite["channels"] == [[8, 11]] and o.nonfinite["tile"]
+    assert o.finite["elements"] == x.size - 12 and o.finite["cosine"] == pytest.approx(1.0, abs=1e-3)
+    pe = o.position_error
+    assert np.isnan(pe[2:5]).all() and np.isfinite(pe[[0, 1, 5, 6]]).all()  # never 0 beside a NaN
+    assert o.nonfinite["per_row"] == [0, 0, 4, 4, 4, 0, 0]
+    assert any("non-finite in the engine" in why for why in o.reasons)
+    # --json: strict JSON, nulls and counts, never a number standing in for the NaN
+    assert main(args + ["--json"]) == 1
+    raw = capsys.readouterr().out
+    assert "NaN" not in raw
+    out = json.loads(raw)
+    fd = out["first_divergence"]
+    assert fd["op"] == target and fd["cosine"] is None and fd["nmse"] is None and fd["max_abs"] is None
+    assert fd["nonfinite"]["rows"] == [[2, 4]] and fd["nonfinite"]["channels"] == [[8, 11]]
+    assert fd["positions"]["error"][2:5] == [None, None, None] and fd["positions"]["nonfinite"][2:5] == [4, 4, 4]
+    row = next(op for op in out["ops"] if op["op"] == target)
+    assert row["cosine"] is None and row["max_rel"] is None and row["nonfinite_engine"]["nan"] == 12
+    assert row["position_error"][2:5] == [None, None, None] and row["nonfinite"]["count"] == 12
+    # text: the row says nan and the count; the where-line names tokens, channels and hazards
+    assert main(args + ["--all"]) == 1
+    text = capsys.readouterr().out
+    line = next(ln for ln in text.splitlines() if re.match(rf"\s*\d+\s+{re.escape(target)}\s", ln))
+    cells = line.split()
+    assert cells[2:6] == ["diverged", "nan", "nan", "nan"] and cells[-2:] == ["12", "<"], line
+    assert "tokens 2-4 (3 of 7) x channels 8-11" in text and "workbench hazards" in text
+    # the plots draw it (a mark on the curve, a colour on the map)
+    from workbench.plots import error_curve, position_error_map
+    assert any("non-finite" in t.get_text() for t in error_curve(r).axes[0].get_legend().get_texts())
+    assert "non-finite" in position_error_map(r).axes[0].get_title()
+
+
+def test_reference_side_nan_is_a_finding(ckpt, reference, tmp_path, capsys):
+    """Our reference NaN where the engine is finite: a divergence, never "no divergence"."""
+    from workbench.diff import write_dump
+    values, meta = read_dump(reference)
+    order = json.loads(meta["workbench.op_order"])
+    bad = dict(values)
+    bad["layers.0"] = values["layers.0"].copy()
+    bad["layers.0"][0, 3, 5] = np.inf
+    write_dump(tmp_path / "ref_nan.safetensors", bad, order, meta)
+    eng = {op: values[op] for op in ("embed_tokens", "layers.0", "layers.1")}  # the engine: finite everywhere
+    np.savez(tmp_path / "eng.npz", **eng)
+    rc = main(["diff", str(tmp_path / "ref_nan.safetensors"), str(tmp_path / "eng.npz"), "--json", "--no-local"])
+    out = json.loads(capsys.readouterr().out)
+    fd = out["first_divergence"]
+    assert rc == 1 and fd["op"] == "layers.0" and fd["cosine"] is None
+    assert any("non-finite in the reference, finite in the engine" in w for w in fd["reasons"])
+    assert fd["nonfinite"]["reference"] == 1 and fd["nonfinite"]["engine"] == 0
+    assert fd["nonfinite"]["rows"] == [[3, 3]] and fd["nonfinite"]["channels"] == [[5, 5]]
+    assert not fd["nonfinite"]["tile"]  # one element is no block: no hazards hint
+    rc = main(["diff", str(tmp_path / "ref_nan.safetensors"), str(tmp_path / "eng.npz"), "--no-local"])
+    text = capsys.readouterr().out
+    assert rc == 1 and "first divergence: layers.0" in text and "no divergence" not in text
+    assert "workbench hazards" not in text

@@ -348,3 +348,74 @@ def test_verdicts():
     ops["layers.0"].local_nmse, ops["layers.0"].local_diverged = 0.5, True
     assert r.verdict().startswith("layers.0 is computed differently")
     assert r.found
+
+
+# ---------------------------------------------------------------- non-finite values
+
+def test_nonfinite_metrics_are_nan_with_the_finite_part_beside():
+    r = np.array([1.0, -2.0, 3.0, 0.5], np.float32)
+    for e, side in ((np.array([1.0, -2.0, np.nan, 0.5], np.float32), "nonfinite_new"),):
+        m = error_metrics(r, e)
+        assert all(np.isnan(m[k]) for k in ("cosine", "nmse", "max_abs", "max_rel"))
+        assert m[side] == 1 and m["nonfinite"] == 1
+        assert m["finite"]["cosine"] == pytest.approx(1.0) and m["finite"]["elements"] == 3
+    # the reference side, and both sides, count too (and are reasons to diverge)
+    m = error_metrics(np.array([np.inf, 1.0, np.nan], np.float32), np.array([0.0, 1.0, np.nan], np.float32))
+    assert m["nonfinite_ref_only"] == 1 and m["nonfinite_both"] == 1 and m["nonfinite_new"] == 0
+    from workbench.diff.metrics import diverged
+    why = diverged(m, Tolerance())
+    assert any("non-finite in the reference" in w for w in why) and any("in both" in w for w in why)
+
+
+def test_nonfinite_where_tokens_channels_and_tile_shape():
+    from workbench.diff.metrics import describe_nonfinite, nonfinite_where
+    ref = rng.normal(size=(1, 9, 16)).astype(np.float32)
+    eng = ref.copy()
+    eng[0, 4:7, 8:16] = np.nan  # one block: tile-shaped
+    w = nonfinite_where(ref, eng, tokens=9)
+    assert w["count"] == 24 and w["engine"] == 24 and w["reference"] == 0
+    assert w["rows"] == [[4, 6]] and w["channels"] == [[8, 15]] and w["tile"] and w["axis"] == "token"
+    assert w["per_row"] == [0, 0, 0, 0, 8, 8, 8, 0, 0]
+    assert "tokens 4-6 (3 of 9) x channels 8-15 (8 of 16)" in describe_nonfinite(w)
+    assert "workbench hazards" in describe_nonfinite(w)
+    # scattered values (an overflow here and there) are not a block: no hazards hint
+    eng = ref.copy()
+    for t, c in ((0, 1), (2, 9), (5, 3), (7, 14), (8, 6), (3, 11)):
+        eng[0, t, c] = np.inf
+    w = nonfinite_where(ref, eng, tokens=9)
+    assert not w["tile"] and "hazards" not in describe_nonfinite(w)
+    # heads-first [1, H, T, D]: tokens found on axis 2, channels are h * D + d
+    ref4 = rng.normal(size=(1, 2, 9, 4)).astype(np.float32)
+    eng4 = ref4.copy()
+    eng4[0, 1, 3, :] = np.nan
+    w = nonfinite_where(ref4, eng4, tokens=9)
+    assert w["rows"] == [[3, 3]] and w["channels"] == [[4, 7]]
+    assert nonfinite_where(ref, ref, tokens=9) is None
+
+
+def test_report_with_nan_is_strict_json_and_never_clean():
+    ref = _reference()
+    eng = {k: v.copy() for k, v in ref.items()}
+    eng["layers.0"][0, 1:3, :] = np.nan
+    r = compare_arrays(ref, eng, tokens=T)
+    o = r["layers.0"]
+    assert r.first_divergence is o and np.isnan(o.cosine) and np.isnan(o.position_error[1:3]).all()
+    d = r.to_dict()
+    json.dumps(d, allow_nan=False)
+    row = next(x for x in d["ops"] if x["op"] == "layers.0")
+    assert row["cosine"] is None and row["nmse"] is None and row["nonfinite"]["count"] == 2 * H * D
+    assert row["position_error"][1:3] == [None, None]
+    # the reference NaN where the engine is finite: a divergence as well
+    ref2 = {k: v.copy() for k, v in ref.items()}
+    ref2["norm"][0, 0, 0] = np.nan
+    r2 = compare_arrays(ref2, {k: v.copy() for k, v in ref.items()})
+    assert r2.first_divergence.op == "norm" and "non-finite in the reference" in r2.first_divergence.reasons[0]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), True, "0.9"])
+def test_tolerance_must_be_finite_numbers(bad):
+    with pytest.raises(ValueError, match="must be a finite number"):
+        Tolerance(min_cosine=bad)
+    with pytest.raises(ValueError, match="max_nmse"):
+        Tolerance.from_any({"max_nmse": bad})
+    assert Tolerance(max_abs=None, mask_below=None).max_abs is None

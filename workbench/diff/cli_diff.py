@@ -8,6 +8,7 @@ engine's own inputs, does not reproduce its output); 2: unusable input.
 from __future__ import annotations
 
 import json
+import math
 
 from workbench.diff import cli_common as common
 from workbench.diff.metrics import Tolerance
@@ -43,6 +44,10 @@ def run(args) -> int:
 
     is_ref = is_reference_dump(args.path)
     ids, prompt = common.parse_input(args, required=not is_ref)
+    for flag, v in (("--min-cosine", args.min_cosine), ("--max-nmse", args.max_nmse), ("--max-abs", args.max_abs),
+                    ("--noise-factor", args.noise_factor)):
+        if v is not None and not math.isfinite(v):
+            raise common.UsageError(f"{flag} must be a finite number, not {v}")
     tol = Tolerance(min_cosine=args.min_cosine, max_nmse=args.max_nmse, max_abs=args.max_abs,
                     noise_factor=args.noise_factor)
     with common.usage_errors():

@@ -40,6 +40,7 @@ late ones where it has.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -65,6 +66,16 @@ class Tolerance:
     #: an RMS error below rel_floor x RMS(ref) (two bfloat16 steps) is never a divergence by
     #: nmse: rounding of small variations riding on a large mean (router weights near 0.5)
     rel_floor: float = 2.0 ** -7
+
+    def __post_init__(self) -> None:
+        for name in self.__dataclass_fields__:
+            v = getattr(self, name)
+            if v is None and name in ("max_abs", "mask_below"):
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
+                    or not math.isfinite(float(v)):
+                raise ValueError(f"tolerance {name} must be a finite number, not {v!r}")
+            object.__setattr__(self, name, float(v))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -93,7 +104,12 @@ def _nonfinite_fast(a: np.ndarray, finite: np.ndarray, all_finite: bool) -> dict
 
 
 def error_metrics(ref: np.ndarray, eng: np.ndarray, mask_below: float | None = -65504.0) -> dict[str, Any]:
-    """Metrics between two same-shaped arrays (see module docstring)."""
+    """Metrics between two same-shaped arrays (see module docstring).
+
+    When any element (outside the mask fill) is non-finite on either side, ``cosine``,
+    ``nmse``, ``max_abs`` and ``max_rel`` are NaN (never a clean-looking number beside a
+    NaN) and ``finite`` holds the same metrics over the elements finite in both.
+    """
     if ref.shape != eng.shape:
         raise ValueError(f"shapes differ: {ref.shape} vs {eng.shape}")
     r = np.asarray(ref, dtype=np.float32).ravel()
@@ -110,65 +126,103 @@ def error_metrics(ref: np.ndarray, eng: np.ndarray, mask_below: float | None = -
     all_r, all_e = bool(fin_r.all()), bool(fin_e.all())
     nf_r, nf_e = _nonfinite_fast(r, fin_r, all_r), _nonfinite_fast(e, fin_e, all_e)
     new_nonfinite = 0 if all_e else int(np.count_nonzero(fin_r & ~fin_e))
+    ref_only = 0 if all_r else int(np.count_nonzero(~fin_r & fin_e))
+    both_bad = 0 if (all_r or all_e) else int(np.count_nonzero(~fin_r & ~fin_e))
     if not (all_r and all_e):
         both = fin_r & fin_e
         r, e = r[both], e[both]
-    nmse_power = float("nan")
-    if r.size == 0:
-        cos = nmse = max_abs = max_rel = float("nan")
-    else:
-        # float32 BLAS dots (fast), and 1 - cosine from |d|^2 so that it stays accurate near 1
-        r = np.ascontiguousarray(r)
-        e = np.ascontiguousarray(e)
-        d = e - r
-        n = r.size
-        srr, see, sdd = float(np.dot(r, r)), float(np.dot(e, e)), float(np.dot(d, d))
-        nr, ne = np.sqrt(srr), np.sqrt(see)
-        if srr == 0 and see == 0:
-            cos = 1.0
-        elif srr == 0 or see == 0:
-            cos = 0.0
-        else:
-            cos = float(np.clip(1.0 - (sdd - (nr - ne) ** 2) / (2.0 * nr * ne), -1.0, 1.0))
-        mse = sdd / n
-        mean_r = float(r.mean(dtype=np.float64))
-        var = srr / n - mean_r * mean_r
-        if mean_r * mean_r > 0.5 * srr / n:  # a large mean: subtract it first (no cancellation)
-            c = r - np.float32(mean_r)
-            var = float(np.dot(c, c)) / n
-        nmse_power = mse / (srr / n) if srr > 0 else (0.0 if mse == 0 else float("inf"))
-        if mse == 0.0:
-            nmse = 0.0
-        else:
-            denom = var if var > 1e-12 * (srr / n) else srr / n
-            nmse = mse / denom if denom > 0 else float("inf")
-        np.abs(d, out=d)
-        max_abs = float(d.max())
-        floor = 1e-3 * float(np.sqrt(srr / n))
-        if floor > 0:
-            den = np.abs(r)
-            np.maximum(den, np.float32(floor), out=den)
-            np.divide(d, den, out=d)
-            max_rel = float(d.max())
-        else:  # an all-zero reference
-            max_rel = 0.0 if max_abs == 0 else float("inf")
-    return {
-        "cosine": cos, "nmse": nmse, "max_abs": max_abs, "max_rel": max_rel,
-        "nmse_power": nmse_power,  # MSE / mean(ref^2)
+    fin = _finite_metrics(r, e)
+    nonfinite = new_nonfinite + ref_only + both_bad
+    out = {
+        "cosine": fin["cosine"], "nmse": fin["nmse"], "max_abs": fin["max_abs"], "max_rel": fin["max_rel"],
+        "nmse_power": fin["nmse_power"],  # MSE / mean(ref^2)
         "nonfinite_ref": nf_r, "nonfinite_engine": nf_e,
         "nonfinite_new": new_nonfinite,  # finite in ours, non-finite in the engine
+        "nonfinite_ref_only": ref_only,  # non-finite in ours, finite in the engine
+        "nonfinite_both": both_bad,
+        "nonfinite": nonfinite,  # elements non-finite on either side (mask fill left out)
+        "finite": None,  # the metrics over the elements finite in both, when some are not
         "elements": int(ref.size), "masked": masked,
     }
+    if nonfinite:
+        out["finite"] = dict(fin, elements=int(r.size))
+        for k in ("cosine", "nmse", "max_abs", "max_rel", "nmse_power"):
+            out[k] = float("nan")
+    return out
+
+
+def _finite_metrics(r: np.ndarray, e: np.ndarray) -> dict[str, float]:
+    """cosine, nmse, max_abs, max_rel, nmse_power of two flat float32 arrays, all finite."""
+    nan = float("nan")
+    if r.size == 0:
+        return {"cosine": nan, "nmse": nan, "max_abs": nan, "max_rel": nan, "nmse_power": nan}
+    # float32 BLAS dots (fast), and 1 - cosine from |d|^2 so that it stays accurate near 1
+    r = np.ascontiguousarray(r)
+    e = np.ascontiguousarray(e)
+    d = e - r
+    n = r.size
+    srr, see, sdd = float(np.dot(r, r)), float(np.dot(e, e)), float(np.dot(d, d))
+    nr, ne = np.sqrt(srr), np.sqrt(see)
+    if srr == 0 and see == 0:
+        cos = 1.0
+    elif srr == 0 or see == 0:
+        cos = 0.0
+    else:
+        cos = float(np.clip(1.0 - (sdd - (nr - ne) ** 2) / (2.0 * nr * ne), -1.0, 1.0))
+    mse = sdd / n
+    mean_r = float(r.mean(dtype=np.float64))
+    var = srr / n - mean_r * mean_r
+    if mean_r * mean_r > 0.5 * srr / n:  # a large mean: subtract it first (no cancellation)
+        c = r - np.float32(mean_r)
+        var = float(np.dot(c, c)) / n
+    nmse_power = mse / (srr / n) if srr > 0 else (0.0 if mse == 0 else float("inf"))
+    if mse == 0.0:
+        nmse = 0.0
+    else:
+        denom = var if var > 1e-12 * (srr / n) else srr / n
+        nmse = mse / denom if denom > 0 else float("inf")
+    np.abs(d, out=d)
+    max_abs = float(d.max())
+    floor = 1e-3 * float(np.sqrt(srr / n))
+    if floor > 0:
+        den = np.abs(r)
+        np.maximum(den, np.float32(floor), out=den)
+        np.divide(d, den, out=d)
+        max_rel = float(d.max())
+    else:  # an all-zero reference
+        max_rel = 0.0 if max_abs == 0 else float("inf")
+    return {"cosine": cos, "nmse": nmse, "max_abs": max_abs, "max_rel": max_rel, "nmse_power": nmse_power}
+
+
+def _finite_part(m: dict[str, Any]) -> dict[str, Any]:
+    """The metrics over the elements finite in both (``m`` itself when all are)."""
+    return m.get("finite") or m
 
 
 def _above_floor(m: dict[str, Any], tol: Tolerance) -> bool:
-    p = m.get("nmse_power", float("inf"))
+    p = _finite_part(m).get("nmse_power", float("inf"))
     return bool(np.isnan(p) or p > tol.rel_floor ** 2)
 
 
+def nonfinite_reasons(m: dict[str, Any], ours: str = "the reference") -> list[str]:
+    """One reason per way the two sides disagree on finiteness (NaN on either side is a finding)."""
+    why = []
+    if m.get("nonfinite_new"):
+        why.append(f"{m['nonfinite_new']} element(s) non-finite in the engine, finite in {ours}")
+    if m.get("nonfinite_ref_only"):
+        why.append(f"{m['nonfinite_ref_only']} element(s) non-finite in {ours}, finite in the engine")
+    if m.get("nonfinite_both"):
+        why.append(f"{m['nonfinite_both']} element(s) non-finite in both")
+    return why
+
+
 def local_diverged(m: dict[str, Any], tol: Tolerance) -> bool:
-    cos, nmse = m["cosine"], m["nmse"]
-    return bool(m["nonfinite_new"] or (not np.isnan(cos) and cos < tol.local_min_cosine)
+    """Our op on the engine's own inputs against the engine's output: beyond the local limits,
+    or non-finite where the other side is finite (NaN in both, from NaN inputs, is not this op's doing)."""
+    f = _finite_part(m)
+    cos, nmse = f["cosine"], f["nmse"]
+    return bool(m["nonfinite_new"] or m.get("nonfinite_ref_only")
+                or (not np.isnan(cos) and cos < tol.local_min_cosine)
                 or (not np.isnan(nmse) and nmse > tol.local_max_nmse and _above_floor(m, tol)))
 
 
@@ -176,6 +230,7 @@ def noise_limits(noise: dict[str, Any] | None, tol: Tolerance) -> tuple[float, f
     """(max nmse, min cosine) for one op: fixed, or scaled from its noise floor."""
     if noise is None:
         return tol.max_nmse, tol.min_cosine
+    noise = _finite_part(noise)
     fn, fc = noise.get("nmse"), noise.get("cosine")
     fn = 0.0 if fn is None or np.isnan(fn) else fn
     fc = 1.0 if fc is None or np.isnan(fc) else fc
@@ -188,21 +243,23 @@ def diverged(m: dict[str, Any], tol: Tolerance, noise: dict[str, Any] | None = N
              noise_dtype: str | None = None) -> list[str]:
     """Reasons the metrics are beyond tolerance (empty when within).
 
-    ``noise``: this op's metrics for our own run in the engine's dtype against our
-    reference; the limits then scale with it (see :class:`Tolerance`).
+    Any non-finite element, on either side, is a reason; the other limits are then
+    checked over the elements finite in both (and say so).  ``noise``: this op's metrics
+    for our own run in the engine's dtype against our reference; the limits then scale
+    with it (see :class:`Tolerance`).
     """
-    why = []
-    if m["nonfinite_new"]:
-        why.append(f"{m['nonfinite_new']} element(s) non-finite in the engine, finite in the reference")
-    cos, nmse = m["cosine"], m["nmse"]
+    why = nonfinite_reasons(m)
+    f = _finite_part(m)
+    over = "" if m.get("finite") is None else f" over the {m['finite']['elements']} element(s) finite in both"
+    cos, nmse = f["cosine"], f["nmse"]
     max_nmse, min_cos = noise_limits(noise, tol)
     what = "" if noise is None else f" (= {tol.noise_factor:g} x our {noise_dtype or 'low-precision'} run's)"
     if not np.isnan(cos) and cos < min_cos:
-        why.append(f"cosine {cos:.6g} < {min_cos:.6g}" + what)
+        why.append(f"cosine {cos:.6g} < {min_cos:.6g}" + what + over)
     if not np.isnan(nmse) and nmse > max_nmse and _above_floor(m, tol):
-        why.append(f"nmse {nmse:.3g} > {max_nmse:.3g}" + what)
-    if tol.max_abs is not None and not np.isnan(m["max_abs"]) and m["max_abs"] > tol.max_abs:
-        why.append(f"max_abs {m['max_abs']:.3g} > {tol.max_abs:g}")
+        why.append(f"nmse {nmse:.3g} > {max_nmse:.3g}" + what + over)
+    if tol.max_abs is not None and not np.isnan(f["max_abs"]) and f["max_abs"] > tol.max_abs:
+        why.append(f"max_abs {f['max_abs']:.3g} > {tol.max_abs:g}" + over)
     return why
 
 
@@ -215,17 +272,27 @@ def token_axis(shape: tuple, tokens: int) -> int | None:
     return None
 
 
+def _bad_mask(ref: np.ndarray, eng: np.ndarray, mask_below: float | None) -> np.ndarray:
+    """Elements non-finite on either side, attention-mask fill (both <= mask_below) left out."""
+    bad = ~(np.isfinite(ref) & np.isfinite(eng))
+    if mask_below is not None and bad.any():
+        bad &= ~((ref <= mask_below) & (eng <= mask_below))
+    return bad
+
+
 def position_profile(ref: np.ndarray, eng: np.ndarray, tokens: int, mask_below: float | None = -65504.0):
     """Per token position: RMS error over that position's elements / RMS of the whole reference.
 
-    None when no axis has ``tokens`` entries.  Masked (attention fill) and non-finite
-    elements are left out; a position with nothing left is NaN.
+    None when no axis has ``tokens`` entries.  Masked (attention fill) elements are left
+    out; a position holding a non-finite element (either side) is NaN, never a number
+    computed from the rest; a position with nothing left is NaN too.
     """
     ax = token_axis(tuple(ref.shape), tokens)
     if ax is None:
         return None
     r = np.moveaxis(np.asarray(ref, np.float32), ax, 0).reshape(tokens, -1)
     e = np.moveaxis(np.asarray(eng, np.float32), ax, 0).reshape(tokens, -1)
+    bad = _bad_mask(r, e, mask_below)
     ok = np.isfinite(r) & np.isfinite(e)
     if mask_below is not None:
         ok &= ~((r <= mask_below) & (e <= mask_below))
@@ -236,7 +303,103 @@ def position_profile(ref: np.ndarray, eng: np.ndarray, tokens: int, mask_below: 
     rms_ref = np.sqrt(r2.sum() / max(int(n.sum()), 1))
     with np.errstate(invalid="ignore", divide="ignore"):
         prof = np.sqrt(d2.sum(axis=1) / n) / (rms_ref if rms_ref > 0 else 1.0)
+    prof[bad.any(axis=1)] = np.nan
     return prof.astype(np.float64)
+
+
+#: at most this many runs of tokens / channels are listed (the counts are always complete)
+MAX_RUNS = 16
+
+
+def _runs(idx: np.ndarray) -> list[list[int]]:
+    """Sorted indices -> inclusive [first, last] runs of consecutive ones."""
+    if idx.size == 0:
+        return []
+    cut = np.nonzero(np.diff(idx) != 1)[0]
+    starts = np.concatenate(([idx[0]], idx[cut + 1]))
+    ends = np.concatenate((idx[cut], [idx[-1]]))
+    return [[int(a), int(b)] for a, b in zip(starts, ends)]
+
+
+def _tile_shaped(bad: np.ndarray, max_blocks: int = 4) -> bool:
+    """A union of a few contiguous token x channel blocks (what an aliased buffer leaves):
+    at most ``max_blocks`` distinct row patterns, each a few channel runs, each on a few
+    runs of rows; at least two elements."""
+    rows = np.nonzero(bad.any(axis=1))[0]
+    if int(np.count_nonzero(bad)) < 2:
+        return False
+    patterns: dict[bytes, list[int]] = {}
+    for i in rows:
+        patterns.setdefault(np.packbits(bad[i]).tobytes(), []).append(int(i))
+        if len(patterns) > max_blocks:
+            return False
+    for members in patterns.values():
+        if len(_runs(np.asarray(members))) > max_blocks:
+            return False
+        if len(_runs(np.nonzero(bad[members[0]])[0])) > max_blocks:
+            return False
+    return True
+
+
+def nonfinite_where(ref: np.ndarray, eng: np.ndarray, tokens: int | None = None,
+                    mask_below: float | None = -65504.0) -> dict[str, Any] | None:
+    """Where the non-finite elements (either side, mask fill left out) of one op are.
+
+    The op is viewed as rows x channels: rows are token positions when an axis has
+    ``tokens`` entries (``axis: "token"``; channels are the other axes flattened, e.g.
+    ``h * D + d`` for heads-first ``[1, H, T, D]``), otherwise the leading axes
+    flattened (``axis: "row"``) with the last axis as channels.  Returns None when every
+    element is finite, else ``{count, engine, reference, axis, rows, channels, n_rows,
+    n_channels, per_row, tile}``: ``rows`` / ``channels`` are inclusive ``[first, last]``
+    runs (at most :data:`MAX_RUNS` listed), ``per_row`` the count per row (token
+    axis only), ``tile`` whether they form a few contiguous blocks (buffer aliasing).
+    """
+    r = np.asarray(ref, np.float32)
+    e = np.asarray(eng, np.float32)
+    bad = _bad_mask(r, e, mask_below)
+    count = int(np.count_nonzero(bad))
+    if count == 0:
+        return None
+    ax = token_axis(tuple(r.shape), tokens) if tokens else None
+    if ax is not None:
+        grid = np.moveaxis(bad, ax, 0).reshape(tokens, -1)
+    elif r.ndim >= 1 and r.size:
+        grid = bad.reshape(-1, r.shape[-1])
+    else:
+        grid = bad.reshape(1, -1)
+    rows = _runs(np.nonzero(grid.any(axis=1))[0])
+    chans = _runs(np.nonzero(grid.any(axis=0))[0])
+    return {
+        "count": count,
+        "engine": int(np.count_nonzero(bad & ~np.isfinite(e))),
+        "reference": int(np.count_nonzero(bad & ~np.isfinite(r))),
+        "axis": "token" if ax is not None else "row",
+        "rows": rows[:MAX_RUNS], "channels": chans[:MAX_RUNS],
+        "n_rows": int(grid.any(axis=1).sum()), "n_channels": int(grid.any(axis=0).sum()),
+        "rows_total": int(grid.shape[0]), "channels_total": int(grid.shape[1]),
+        "per_row": grid.sum(axis=1).astype(int).tolist() if ax is not None else None,
+        "tile": _tile_shaped(grid),
+    }
+
+
+HAZARDS_HINT = ("contiguous token x channel block(s), the pattern an aliased buffer (or a read of memory nothing "
+                "wrote) leaves: check the engine's dispatch schedule with `workbench hazards SCHEDULE.json`")
+
+
+def describe_nonfinite(w: dict[str, Any]) -> str:
+    """One line: how many non-finite elements, on which side, at which tokens x channels."""
+    def runs(rs, n, total):
+        txt = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in rs)
+        return txt + (", ..." if n > sum(b - a + 1 for a, b in rs) else "") + f" ({n} of {total})"
+
+    sides = [f"{w[s]} in the {s}" for s in ("engine", "reference") if w[s]]
+    rows = "tokens" if w["axis"] == "token" else "rows"
+    line = (f"{w['count']} non-finite element(s) ({', '.join(sides)}) at {rows} "
+            f"{runs(w['rows'], w['n_rows'], w['rows_total'])} x channels "
+            f"{runs(w['channels'], w['n_channels'], w['channels_total'])}")
+    if w["tile"]:
+        line += "; " + HAZARDS_HINT
+    return line
 
 
 def position_pattern(profile) -> str | None:

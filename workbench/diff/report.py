@@ -15,8 +15,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from workbench.diff.layout import LayoutError, reconcile
-from workbench.diff.metrics import (Tolerance, diverged, error_metrics, noise_limits, position_pattern,
-                                    position_profile)
+from workbench.diff.metrics import (Tolerance, describe_nonfinite, diverged, error_metrics, noise_limits,
+                                    nonfinite_where, position_pattern, position_profile)
 from workbench.diff.naming import Rules, apply_rules, compile_rules
 from workbench.models.base import layer_of  # op names: layers.{i}[.…] -> i
 
@@ -76,8 +76,14 @@ class OpDiff:
     local_nmse: float | None = None
     local_max_abs: float | None = None
     local_diverged: bool | None = None
-    # RMS error per token position / RMS of the reference (None when the op has no token axis)
+    # RMS error per token position / RMS of the reference (None when the op has no token axis);
+    # NaN at a position holding a non-finite element
     position_error: np.ndarray | None = None  # float32 [T]
+    # where the non-finite elements are (either side; metrics.nonfinite_where), None when all are finite
+    nonfinite: dict | None = None
+    # cosine / nmse / max_abs / max_rel over the elements finite in both, when some are not
+    # (the headline metrics are then NaN: null in JSON, "nan" in text)
+    finite: dict | None = None
 
     @property
     def compared(self) -> bool:
@@ -93,6 +99,9 @@ class OpDiff:
             "status": self.status, "cosine": _num(self.cosine), "nmse": _num(self.nmse),
             "max_abs": _num(self.max_abs), "max_rel": _num(self.max_rel),
             "nonfinite_ref": self.nonfinite_ref, "nonfinite_engine": self.nonfinite_engine, "masked": self.masked,
+            "nonfinite": self.nonfinite,
+            "finite": None if self.finite is None else {k: (_num(v) if isinstance(v, float) else v)
+                                                         for k, v in self.finite.items()},
             "shape": list(self.shape), "engine_shape": list(self.engine_shape),
             "layout": self.layout, "reasons": list(self.reasons),
             "limit_nmse": _num(self.limit_nmse), "limit_cosine": _num(self.limit_cosine),
@@ -164,7 +173,11 @@ class DiffReport:
             d["inputs"] = [{"op": s, "status": by.get(s, "not compared")} for s in self.inputs[fd.op]]
         if fd.position_error is not None:
             d["positions"] = {"error": [_num(float(x)) for x in fd.position_error],
-                              "pattern": position_pattern(fd.position_error)}
+                              "pattern": position_pattern(fd.position_error),
+                              "nonfinite": None if fd.nonfinite is None else fd.nonfinite["per_row"]}
+        if fd.nonfinite is not None:
+            d["nonfinite"] = fd.nonfinite
+            d["finite"] = {k: (_num(v) if isinstance(v, float) else v) for k, v in (fd.finite or {}).items()}
         if fd.local_nmse is not None:
             d["local"] = {"cosine": _num(fd.local_cosine), "nmse": _num(fd.local_nmse),
                           "max_abs": _num(fd.local_max_abs), "diverged": fd.local_diverged}
@@ -245,8 +258,15 @@ class DiffReport:
                 lines.append(f"no divergence: {self.compared} ops compared within tolerance "
                              f"(cosine >= {self.tolerance.min_cosine:g}, nmse <= {self.tolerance.max_nmse:g})")
         else:
+            where = describe_nonfinite(fd.nonfinite) if fd.nonfinite is not None else None
             lines.append(f"first divergence: {fd.op} (engine {fd.engine_name!r}, op #{fd.index}): "
-                         + "; ".join(fd.reasons))
+                         + "; ".join(r for r in fd.reasons if r != where))
+            if where is not None:
+                lines.append("  where: " + where)
+                fin = fd.finite or {}
+                if fin.get("elements"):
+                    lines.append(f"  over the {fin['elements']} element(s) finite in both: cosine "
+                                 f"{fin['cosine']:.6f}, nmse {fin['nmse']:.3g}, max_abs {fin['max_abs']:.3g}")
             fdd = self.first_divergence_dict() or {}
             ins = fdd.get("inputs")
             if ins:
@@ -257,8 +277,13 @@ class DiffReport:
         v = self.verdict()
         if v:
             lines.append("  " + v)
-        f = lambda x, spec: "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
-        lines.append(f"{'#':>5}  {'op':<40} {'status':<9} {'cosine':>10} {'nmse':>10} {'max_abs':>10} {'local nmse':>10}")
+        def f(x, spec, nan="-"):  # "nan" where a metric is NaN because of non-finite values, "-" where not computed
+            if x is None:
+                return "-"
+            return nan if isinstance(x, float) and math.isnan(x) else format(x, spec)
+
+        lines.append(f"{'#':>5}  {'op':<40} {'status':<9} {'cosine':>10} {'nmse':>10} {'max_abs':>10} "
+                     f"{'local nmse':>10} {'non-finite':>10}")
         ops = self.ops
         start = 0
         if len(ops) > max_ops:
@@ -270,8 +295,11 @@ class DiffReport:
             lines.append(f"       ... {start} ops before")
         for o in ops[start:start + max_ops]:
             mark = " <" if o is fd or o is fl else ""
-            lines.append(f"{o.index:>5}  {o.op:<40} {o.status:<9} {f(o.cosine, '.6f'):>10} {f(o.nmse, '.3g'):>10} "
-                         f"{f(o.max_abs, '.3g'):>10} {f(o.local_nmse, '.3g'):>10}{mark}")
+            bad = "-" if o.nonfinite is None else "nan"
+            nf = "" if o.nonfinite is None else str(o.nonfinite["count"])
+            lines.append(f"{o.index:>5}  {o.op:<40} {o.status:<9} {f(o.cosine, '.6f', bad):>10} "
+                         f"{f(o.nmse, '.3g', bad):>10} {f(o.max_abs, '.3g', bad):>10} "
+                         f"{f(o.local_nmse, '.3g', 'nan'):>10} {nf:>10}{mark}")
         rest = len(ops) - start - max_ops
         if rest > 0:
             lines.append(f"       ... {rest} more ops")
@@ -399,6 +427,9 @@ def compare_arrays(reference: Mapping[str, Any], engine: Mapping[str, Any], orde
         m = error_metrics(ref, eng, mask_below=tol.mask_below)
         od.cosine, od.nmse, od.max_abs, od.max_rel = m["cosine"], m["nmse"], m["max_abs"], m["max_rel"]
         od.nonfinite_ref, od.nonfinite_engine, od.masked = m["nonfinite_ref"], m["nonfinite_engine"], m["masked"]
+        if m["nonfinite"]:
+            od.finite = {k: m["finite"][k] for k in ("cosine", "nmse", "max_abs", "max_rel", "elements")}
+            od.nonfinite = nonfinite_where(ref, eng, tokens, tol.mask_below)
         nm = None
         if noise is not None and name in noise:
             nz = to_numpy(noise[name])
@@ -407,6 +438,8 @@ def compare_arrays(reference: Mapping[str, Any], engine: Mapping[str, Any], orde
                 od.noise_nmse, od.noise_cosine = nm["nmse"], nm["cosine"]
         od.limit_nmse, od.limit_cosine = noise_limits(nm, tol)
         od.reasons = diverged(m, tol, nm, noise_dtype)
+        if od.nonfinite is not None:
+            od.reasons.append(describe_nonfinite(od.nonfinite))
         if tokens:
             prof = position_profile(ref, eng, tokens, tol.mask_below)
             od.position_error = None if prof is None else prof.astype(np.float32)

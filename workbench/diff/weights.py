@@ -16,7 +16,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from workbench.diff.layout import LayoutError, reconcile
-from workbench.diff.metrics import Tolerance, error_metrics, local_diverged
+from workbench.diff.metrics import Tolerance, error_metrics, local_diverged, nonfinite_reasons
 
 
 def weight_values(model: Any, name: str) -> np.ndarray:
@@ -108,8 +108,11 @@ def compare_weights(model: Any, engine: Mapping[str, tuple[str, np.ndarray]], to
         wd.cosine, wd.nmse, wd.max_abs = m["cosine"], m["nmse"], m["max_abs"]
         if local_diverged(m, tol):
             wd.status = "diverged"
-            wd.reasons = [f"cosine {m['cosine']:.6g}, nmse {m['nmse']:.3g} against the checkpoint's values"
-                          + (" (dequantized)" if name.endswith(".weight") and _packed(model, name) else "")]
+            f = m["finite"] or m  # the metrics are NaN beside a non-finite element: say so, and show the rest
+            over = "" if m["finite"] is None else f" over the {f['elements']} element(s) finite in both"
+            wd.reasons = nonfinite_reasons(m, "the checkpoint") + [
+                f"cosine {f['cosine']:.6g}, nmse {f['nmse']:.3g} against the checkpoint's values{over}"
+                + (" (dequantized)" if name.endswith(".weight") and _packed(model, name) else "")]
         if wd.layout and "transposed" in wd.layout:
             wd.reasons.append(f"the engine holds it transposed ({wd.layout}): fine if its matmul expects that")
         out.append(wd)

@@ -101,6 +101,11 @@ def error_curve(report: Any, metrics: Sequence[str] | None = None, title: str | 
     if bad:
         ax.plot([o.index for o in bad], [ymax / 2] * len(bad), "x", color="black", ms=7,
                 label="shape not reconciled")
+    nonfin = [o for o in ops if getattr(o, "nonfinite", None) is not None]
+    if nonfin:  # their metrics are NaN: a mark at the top, never a gap that looks like "exact"
+        n = sum(o.nonfinite["count"] for o in nonfin)
+        ax.plot([o.index for o in nonfin], [ymax / 3] * len(nonfin), "D", color="magenta", ms=6,
+                label=f"non-finite values ({len(nonfin)} ops, {n} elements)")
     # layer boundaries: the first op of each layer, in our order
     order = list(report.order)
     starts, last = [], None
@@ -408,6 +413,20 @@ def position_error_map(report: Any, tokens: Sequence[str] | None = None, title: 
     cmap = matplotlib.colormaps["magma"].with_extremes(bad="0.85")
     im = ax.imshow(shown, aspect="auto", interpolation="nearest", cmap=cmap, norm=LogNorm(vmin=vmin, vmax=vmax))
     fig.colorbar(im, ax=ax, fraction=0.04, pad=0.02).set_label("RMS error / RMS(reference)  (log)")
+    # positions holding non-finite values (either side): their own colour, not "no data" grey
+    nf = np.zeros((len(rows), T), dtype=bool)
+    for i, o in enumerate(rows):
+        per = (getattr(o, "nonfinite", None) or {}).get("per_row")
+        if per is not None:
+            nf[i, : len(per)] = np.asarray(per) > 0
+    if nf.any():
+        from matplotlib.colors import ListedColormap
+        from matplotlib.patches import Patch
+
+        ax.imshow(np.where(nf, 1.0, np.nan), aspect="auto", interpolation="nearest",
+                  cmap=ListedColormap(["cyan"]).with_extremes(bad=(0, 0, 0, 0)), vmin=0, vmax=1)
+        ax.legend(handles=[Patch(color="cyan", label=f"non-finite values ({int(nf.sum())} op x position cells)")],
+                  loc="upper right", fontsize=7)
     fd = report.first_divergence
     step = max(1, math.ceil(len(rows) / max_labels))
     ticks = list(range(0, len(rows), step))
@@ -441,6 +460,10 @@ def position_error_map(report: Any, tokens: Sequence[str] | None = None, title: 
 
         title = "error by op and token position"
         if fd is not None:
+            nfd = getattr(fd, "nonfinite", None)
+            if nfd is not None:
+                pat = f"{nfd['count']} non-finite values" + (" in token x channel blocks (run `workbench hazards`)"
+                                                              if nfd["tile"] else "")
             title += "\n" + textwrap.fill(f"first divergence {fd.op}" + (f": {pat}" if pat else ""), 90)
     ax.set_title(title, fontsize=10)
     return fig
