@@ -10,6 +10,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from workbench.diff import readers
+from workbench.dtypes import dtype_name, parse_dtype
 from workbench.diff.metrics import Tolerance, error_metrics, local_diverged
 from workbench.diff.naming import Rules, compile_rules, load_rules
 from workbench.diff.naming import apply_rules
@@ -86,9 +87,36 @@ def _load_model(model: Any, dtype: str | None):
         except (CheckpointError, ValueError, KeyError, OSError) as e:
             msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
             raise DiffError(msg if str(model) in msg else f"{model}: {msg}") from None
-    if not hasattr(model, "program"):
+    if not hasattr(model, "program") and getattr(model, "granularity", None) != "module":
         raise TypeError(f"expected a checkpoint path or a loaded model, not {type(model).__name__}")
     return model
+
+
+def _is_module_level(m) -> bool:
+    return getattr(m, "granularity", "op") == "module"
+
+
+def _forward(m, token_ids, names, dtype):
+    """(program, {name: lazy value} for ``names``, compute dtype name) of one forward: the op
+    program's own uncaptured executor, or, for a module-level model, its recorded forward
+    (a Trace without capture: the program exists only once the forward is recorded)."""
+    import mlx.core as mx
+
+    from workbench.program import execute
+
+    ids = mx.array([list(token_ids)], dtype=mx.int32)
+    if _is_module_level(m):
+        t = m.module_trace(ids, capture=None, dtype=dtype)
+        t.run()
+        wanted = set(t.program.names) if names is None else set(names)
+        return t.program, {n: t.value(n) for n in t.program.names if n in wanted}, dtype_name(t.dtype)
+    ctx = m.context(dtype)
+    keep = set(m.program.names) if names is None else set(names)
+    return m.program, execute(m.program, ctx, m.feeds(ids), keep=keep.__contains__), dtype_name(ctx.dtype)
+
+
+def _program_of(m, token_ids, dtype):
+    return _forward(m, token_ids, (), dtype)[0] if _is_module_level(m) else m.program
 
 
 def _ids_for(model, prompt: str | None, ids: Sequence[int] | None) -> list[int]:
@@ -117,16 +145,11 @@ def run_reference(model: Any, prompt: str | None = None, ids: Sequence[int] | No
     This is the program's own uncaptured executor with a keep-set: values not asked for
     are freed as soon as nothing reads them.
     """
-    import mlx.core as mx
-
-    from workbench.program import execute
-
     m = _load_model(model, dtype)
-    program = m.program
-    names = _select(program, ops)
     token_ids = _ids_for(m, prompt, ids)
-    keep = set(names)
-    out = execute(program, m.context(dtype), m.feeds(mx.array([token_ids], dtype=mx.int32)), keep=keep.__contains__)
+    program = _program_of(m, token_ids, dtype)
+    names = _select(program, ops)
+    program, out, used = _forward(m, token_ids, names, dtype)
     values, dtypes = {}, {}
     for n in names:  # evaluate and convert one op at a time
         v = out.pop(n)
@@ -134,7 +157,6 @@ def run_reference(model: Any, prompt: str | None = None, ids: Sequence[int] | No
         values[n] = to_numpy(v)
     path = model if isinstance(model, (str, os.PathLike)) else getattr(m, "path", None)
     path = os.path.abspath(path) if path is not None else None
-    used = _dtype_name(dtype) or str(m.context(dtype).dtype).replace("mlx.core.", "")
     return Reference(values=values, order=list(program.names), ids=token_ids,
                      model=str(path) if path is not None else None, dtype=used,
                      inputs={op.name: tuple(op.inputs) for op in program.ops}, dtypes=dtypes)
@@ -178,22 +200,16 @@ def _select(program, ops) -> list[str]:
 def _dump_streaming(model, out, prompt, ids, ops, dtype) -> Reference:
     """Write the dump op by op: the header from the lazy shapes, then each value as it is
     evaluated, so peak memory is the forward's own live set, not every activation."""
-    import mlx.core as mx
-
-    from workbench.program import execute
-
     m = _load_model(model, dtype)
-    program = m.program
-    names = _select(program, ops)
     token_ids = _ids_for(m, prompt, ids)
-    ctx = m.context(dtype)
-    lazy = execute(program, ctx, m.feeds(mx.array([token_ids], dtype=mx.int32)), keep=set(names).__contains__)
+    names = _select(_program_of(m, token_ids, dtype), ops)
+    program, lazy, used = _forward(m, token_ids, names, dtype)
     shapes = {n: tuple(lazy[n].shape) for n in names}
     dtypes = {n: str(lazy[n].dtype).replace("mlx.core.", "") for n in names}
     path = model if isinstance(model, (str, os.PathLike)) else getattr(m, "path", None)
     ref = Reference(values={}, order=list(program.names), ids=token_ids,
                     model=os.path.abspath(path) if path is not None else None,
-                    dtype=_dtype_name(dtype) or str(ctx.dtype).replace("mlx.core.", ""),
+                    dtype=used,
                     inputs={op.name: tuple(op.inputs) for op in program.ops}, dtypes=dtypes)
     readers.write_dump_streaming(out, shapes, ref.order, ref.metadata(), lambda n: to_numpy(lazy.pop(n)))
     return ref
@@ -210,8 +226,6 @@ def _rules(rules: Any) -> Rules:
 def _dtype_name(d) -> str | None:
     if d is None:
         return None
-    from workbench.models.base import dtype_name, parse_dtype
-
     try:
         return dtype_name(parse_dtype(d))
     except ValueError as e:
@@ -246,6 +260,8 @@ def local_errors(report: DiffReport, model: Any, aligned: Mapping[str, np.ndarra
     """
     import mlx.core as mx
 
+    if _is_module_level(model):  # a module call is not re-run on another engine's inputs (yet)
+        return 0
     program = model.program
     ctx = model.context(dtype)
     feeds = model.feeds(mx.array([list(ids)], dtype=mx.int32))
@@ -368,7 +384,7 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
         topk, loaded, weights = None, None, {}
         if model.model and os.path.exists(model.model):
             loaded = _load_model(model.model, None)
-            topk = topk_dependents(loaded.program)
+            topk = topk_dependents(_program_of(loaded, model.ids, None))
             weights = _split_weights(loaded, eng, rules, model.order)
         report = compare_arrays(model.values, eng, order=model.order, rules=rules, tolerance=tolerance,
                                 inputs=model.inputs, noise=noise, noise_dtype=noise_floor, aligned=aligned,
@@ -379,14 +395,14 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
             local_errors(report, loaded, aligned, model.ids, dtype=model.dtype, dtypes=model.dtypes)
         return report
     m = _load_model(model, dtype)
-    program = m.program
     if prompt is None and ids is None and readers.META_IDS in emeta:
         ids = json.loads(emeta[readers.META_IDS])
+    token_ids = _ids_for(m, prompt, ids)
+    program = _program_of(m, token_ids, dtype)
     weights = _split_weights(m, eng, rules, program.names)
     matched, _, _ = match_names(eng.keys(), program.names, rules)
     values: dict = {}
     noise = None
-    token_ids = _ids_for(m, prompt, ids)
     dtypes: dict = {}
     if matched:
         ref = run_reference(m, ids=token_ids, ops=list(matched), dtype=dtype)

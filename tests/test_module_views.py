@@ -1,0 +1,123 @@
+"""Every view reads the Record: the debugger, the diff (API, DiffView, CLI) and generation
+on a module-level trace of an architecture with no op program."""
+import json
+
+import numpy as np
+import pytest
+
+import workbench
+import mlx.core as mx
+
+from workbench import diff
+from workbench.cli import main
+from workbench.zoo import reference as zoo_ref
+
+IDS = [3, 17, 42, 9, 100, 7]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return zoo_ref.build("qwen2_moe", tmp_path_factory.mktemp("mv") / "q2moe")
+
+
+@pytest.fixture(scope="module")
+def model(ckpt):
+    m = workbench.load(ckpt)
+    assert m.granularity == "module"
+    return m
+
+
+def test_debugger_buttons_follow_the_trace(model):
+    from workbench.widgets import StepDebugger
+
+    t = workbench.trace(model, IDS, capture="full")
+    d = StepDebugger(t)
+    d.step()
+    assert t.position == 1 and t.steps[-1].name == "embed_tokens"
+    d.step_layer()
+    assert t.steps[-1].name == "layers.0"
+    d.run_to("layers.1.mlp")
+    assert t.steps[-1].name == "layers.1.mlp"
+    d.back()
+    assert t.steps[-1].name == t.ops[t.position - 1]
+    d.run_to(None)
+    assert t.done and t.steps[-1].name == "logits"
+
+
+def test_dump_and_diff_find_a_planted_engine_divergence(model, ckpt, tmp_path):
+    ref = diff.run_reference(model, ids=IDS)
+    assert ref.order[-1] == "logits" and "layers.1.mlp.shared_expert" in ref.order
+    eng = {k: v.copy() for k, v in ref.values.items()}
+    eng["layers.1.self_attn.o_proj"] = eng["layers.1.self_attn.o_proj"] * 1.5  # a wrong scale in the engine
+    rep = diff.compare(model, eng, ids=IDS)
+    assert rep.first_divergence.op == "layers.1.self_attn.o_proj"
+    same = diff.compare(model, {k: v.copy() for k, v in ref.values.items()}, ids=IDS)
+    assert same.first_divergence is None
+    # the widget over that report
+    from workbench.widgets import DiffView
+    assert DiffView(rep) is not None
+    # the CLI: dump the reference, save the engine, diff them (exit 1: a divergence)
+    out = tmp_path / "ref.safetensors"
+    assert main(["dump", str(ckpt), "--ids", ",".join(map(str, IDS)), "--out", str(out)]) == 0
+    dumped = diff.Reference.load(out)
+    assert dumped.order == ref.order
+    np.testing.assert_array_equal(dumped.values["logits"], ref.values["logits"])
+    e = tmp_path / "engine.npz"
+    np.savez(e, **eng)
+    code = main(["diff", str(ckpt), str(e), "--ids", ",".join(map(str, IDS)), "--json"])
+    assert code == 1
+
+
+def test_hunt_cli_json_on_module_level(ckpt, tmp_path, capsys):
+    from workbench.notebook import planted
+
+    W = "model.layers.0.mlp.shared_expert.down_proj.weight"
+
+    def poison(ts):
+        w = ts[W]
+        ts[W] = mx.where(mx.arange(w.size).reshape(w.shape) == 3, mx.array(float("inf"), w.dtype), w)
+    bad = planted(ckpt, tmp_path / "bad", poison)
+    code = main(["hunt", str(bad), "--ids", ",".join(map(str, IDS)), "--json"])
+    rep = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert rep["first_nonfinite"]["op"] == "layers.0.mlp.shared_expert.down_proj"
+    assert rep["first_nonfinite"]["cause"] == "nonfinite-weight"
+    assert main(["hunt", str(ckpt), "--ids", ",".join(map(str, IDS)), "--json"]) == 0
+
+
+def test_generation_uses_the_reference_cache(model, ckpt):
+    g = workbench.generate(model, IDS, max_tokens=4)
+    from mlx_lm.models.cache import make_prompt_cache
+    ref = zoo_ref.reference(ckpt)
+    cache = make_prompt_cache(ref)
+    ids, out = mx.array([IDS]), []
+    for _ in range(4):
+        nxt = int(mx.argmax(ref(ids, cache=cache)[0, -1]).item())
+        out.append(nxt)
+        ids = mx.array([[nxt]])
+    assert g.tokens == out
+    assert g.traces[1].ids.shape == (1, 1)
+
+
+def test_interventions_inside_the_forward(model):
+    from workbench.trace import patch
+
+    base = workbench.trace(model, IDS, capture="full")
+    base.run()
+    t = workbench.trace(model, IDS, capture="full",
+                        interventions=[patch("layers.0.self_attn.o_proj", lambda v: v * 0)])
+    t.run()
+    assert float(mx.abs(t.value("layers.0.self_attn.o_proj")).max()) == 0
+    # downstream sees the change: the attention block's output is the zeroed projection
+    assert float(mx.abs(t.value("layers.0.self_attn")).max()) == 0
+    assert not mx.array_equal(t.logits, base.logits)
+    # added mid-trace: the steps already taken are re-run with it
+    t2 = workbench.trace(model, IDS, capture="full")
+    t2.run(until="layers.1")
+    t2.add_intervention(patch("layers.0.mlp", lambda v: v * 2))
+    assert t2.position == t2.program.index("layers.1") + 1   # back where it was
+    t2.run()
+    twice = workbench.trace(model, IDS, capture="full", interventions=[patch("layers.0.mlp", lambda v: v * 2)])
+    twice.run()
+    assert mx.array_equal(t2.logits, twice.logits)        # as if it had been there from the start
+    assert [s.name for s in t2.steps if s.intervened] == ["layers.0.mlp"]
