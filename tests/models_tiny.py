@@ -1,18 +1,18 @@
 """Tiny random checkpoints written with mlx-lm itself, and mlx-lm's forward as reference.
 
-Used by tests/test_models*.py.  Every tiny model is built from mlx-lm's own classes
-(random init, 1-D parameters perturbed so norms and scalars are not all ones), saved
-as config.json + model.safetensors, and read back by both mlx-lm and the workbench.
+Used by tests/test_models*.py and tests/test_reference_archs.py.  Every tiny model is
+built from mlx-lm's own classes by :func:`workbench.zoo.reference.write` (random init,
+1-D parameters perturbed so norms and scalars are not all ones), saved as config.json +
+model.safetensors, and read back by both mlx-lm and the workbench.
 """
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
 import workbench  # noqa: F401  (fast BLAS before mlx.core)
 import mlx.core as mx
-from mlx.utils import tree_flatten, tree_map_with_path
+from workbench.zoo import reference as zr
 
 BASE = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, vocab_size=256)
@@ -64,35 +64,12 @@ def multimodal(text: dict) -> dict:
 
 
 def build(dest, config: dict, quant: dict | None = None, seed: int = 0, dtype=None) -> Path:
-    """Write a random tiny checkpoint of ``config`` with mlx-lm's classes; return its path."""
-    from mlx_lm.utils import _get_classes, quantize_model
-
-    dest = Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
-    config = copy.deepcopy(config)
-    mx.random.seed(seed)
-    cls, args_cls = _get_classes(config)
-    model = cls(args_cls.from_dict(config))
-    # perturb vectors (norm weights, scalars, router scales) so nothing is trivially one
-    model.update(tree_map_with_path(
-        lambda p, v: v + 0.2 * mx.random.normal(v.shape, dtype=v.dtype) if v.ndim == 1 else v,
-        model.parameters()))
-    if dtype is not None:
-        model.set_dtype(dtype)
-    if quant:
-        model, config = quantize_model(model, config, quant.get("group_size"), quant.get("bits"),
-                                       mode=quant.get("mode", "affine"))
-    weights = dict(tree_flatten(model.parameters()))
-    mx.save_safetensors(str(dest / "model.safetensors"), weights, metadata={"format": "mlx"})
-    (dest / "config.json").write_text(json.dumps(config, indent=1))
-    return dest
+    """Write a random tiny checkpoint of ``config`` with mlx-lm's classes; return its path
+    (the zoo's writer: :func:`workbench.zoo.reference.write`)."""
+    return zr.write(dest, config, quant=quant, seed=seed, dtype=dtype)
 
 
-def reference(path):
-    """mlx-lm's model for the checkpoint at ``path``."""
-    from mlx_lm.utils import load_model
-    model, _ = load_model(Path(path))
-    return model
+reference = zr.reference  # mlx-lm's model for the checkpoint at ``path``
 
 
 def ref_logits(path, ids: mx.array) -> mx.array:

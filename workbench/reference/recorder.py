@@ -62,16 +62,32 @@ def original_class(module: nn.Module) -> type:
     return getattr(type(module), "_workbench_original", type(module))
 
 
-def instrument(model: nn.Module) -> dict[int, str]:
+class StepNames(dict):
+    """``{id(module): step name}``; ``shared[id]``: every name of a module that sits in
+    several places (mlx-lm's ``SwitchGLU(activation=SwiGLU())`` default is one module in
+    every MoE layer): a call is named after the place its caller is in."""
+
+    def __init__(self):
+        super().__init__()
+        self.shared: dict[int, list[str]] = {}
+
+
+def instrument(model: nn.Module) -> StepNames:
     """Make every module of ``model`` report its calls; returns ``{id(module): step name}``."""
-    paths: dict[int, str] = {}
-    for path, m in model.named_modules():
-        if id(m) in paths:  # a module shared between two places keeps its first name
+    paths = StepNames()
+    for path, m in sorted(model.named_modules(), key=lambda pm: _path_key(pm[0])):
+        if id(m) in paths:  # a module shared between places: its first name, and all of them
+            paths.shared.setdefault(id(m), [paths[id(m)]]).append(step_name(path))
             continue
         if "_workbench_original" not in type(m).__dict__:
             m.__class__ = _wrapped_class(type(m))
         paths[id(m)] = step_name(path)
     return paths
+
+
+def _path_key(path: str) -> tuple:
+    """Sort key of a module path: numeric parts in numeric order (layers.2 before layers.10)."""
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in path.split(".")) if path else ()
 
 
 def step_name(path: str) -> str:
@@ -144,15 +160,30 @@ class Tape:
         self._count: dict[str, int] = {}
         self._producer: dict[int, int] = {}
         self._returned: list = []  # keeps returned handles alive so their ids stay unique
+        self._stack: list[str] = []  # names of the module calls in progress (innermost last)
 
     def __len__(self) -> int:
         return len(self.names)
 
+    def _name_of(self, module: nn.Module) -> str | None:
+        names = getattr(self.paths, "shared", {}).get(id(module))
+        if names and self._stack:  # a shared module: its name under the innermost caller
+            caller = self._stack[-1] + "."
+            parents = {n: n.rsplit(".", 1)[0] + "." if "." in n else "" for n in names}
+            under = [n for n in names if caller.startswith(parents[n])]
+            if under:
+                return max(under, key=lambda n: len(parents[n]))
+        return self.paths.get(id(module))
+
     def call(self, module: nn.Module, call: Callable, args: tuple, kwargs: dict):
-        base = self.paths.get(id(module))
-        out = call(module, *args, **kwargs)
+        base = self._name_of(module)
         if base is None:  # a module created during the forward: not part of the model
-            return out
+            return call(module, *args, **kwargs)
+        self._stack.append(base)
+        try:
+            out = call(module, *args, **kwargs)
+        finally:
+            self._stack.pop()
         primary, put = primary_array(out)
         if primary is None:
             return out

@@ -225,7 +225,8 @@ def write_safetensors(path, entries: dict, metadata: dict | None = None, *, spar
             f.write(entries[n][2])
 
 
-def _tokenizer(dest: Path, vocab_size: int):
+def write_tokenizer(dest: Path, vocab_size: int):
+    """A word-level tokenizer.json of ``vocab_size`` entries (specials, common words, letters, digits)."""
     try:
         from tokenizers import Tokenizer, models, pre_tokenizers
     except ImportError:  # pragma: no cover
@@ -381,7 +382,7 @@ def build(arch: str, dest, *, quant: str | None = None, layout: str = "mlx", sha
     files = _write_shards(dest, entries, names, shards, broken, lm, L1)
     (dest / "config.json").write_text(json.dumps(config, indent=2))
     if tokenizer:
-        _tokenizer(dest, tc["vocab_size"])
+        write_tokenizer(dest, tc["vocab_size"])
     _break_files(dest, files, broken)
     return dest
 
