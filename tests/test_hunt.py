@@ -13,19 +13,10 @@ import mlx.core as mx
 
 from workbench import zoo
 from workbench.cli import main
+from workbench.notebook import planted
 
 IDS = [2, 15, 16, 17, 18, 19, 20, 21]
 IDS_ARG = ",".join(map(str, IDS))
-
-
-def planted(src: Path, dst: Path, change) -> Path:
-    """A copy of checkpoint ``src`` with ``change(tensors)`` applied (our files only)."""
-    shutil.copytree(src, dst)
-    f = dst / "model.safetensors"
-    ts, meta = mx.load(str(f), return_metadata=True)
-    change(ts)
-    mx.save_safetensors(str(f), ts, metadata=meta)
-    return dst
 
 
 def _key(ts, suffix):

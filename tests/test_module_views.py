@@ -121,3 +121,23 @@ def test_interventions_inside_the_forward(model):
     twice.run()
     assert mx.array_equal(t2.logits, twice.logits)        # as if it had been there from the start
     assert [s.name for s in t2.steps if s.intervened] == ["layers.0.mlp"]
+
+
+def test_both_granularities_are_records(model, tmp_path):
+    from workbench.trace import ModuleTrace, Trace, is_record
+    from workbench.trace.record import MEMBERS
+    from workbench import zoo
+
+    op_model = workbench.load(zoo.build("llama", tmp_path / "llama"))
+    t_op = workbench.trace(op_model, [1, 2, 3])
+    t_mod = workbench.trace(model, IDS)
+    assert type(t_op) is Trace and isinstance(t_mod, ModuleTrace)
+    assert {"value", "stats", "inputs", "recompute", "op_tensors", "steps", "run", "back"} <= set(MEMBERS)
+    assert not is_record(op_model)
+    for t in (t_op, t_mod):
+        assert is_record(t)
+        t.run()
+        assert t.ops[-1] == "logits" and t.steps[-1].name == "logits"
+        name = t.ops[len(t.ops) // 2]
+        assert t.stats(name)["nan"] == 0
+        assert all(isinstance(v, mx.array) for _, v in t.inputs(name))

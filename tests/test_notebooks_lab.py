@@ -7,14 +7,17 @@ import time
 import urllib.request
 
 from workbench.cli import main as cli_main
-from workbench.lab import NOTEBOOKS
+from workbench.lab import NOTEBOOKS, trust_notebooks
 
 
-def test_dry_run_json_describes_the_launch(capsys):
+def test_dry_run_json_describes_the_launch(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "data"))
     assert cli_main(["lab", "--dry-run", "--json", "--port", "8899"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["notebook_dir"] == str(NOTEBOOKS)
     assert "01_tour.ipynb" in info["notebooks"] and len(info["notebooks"]) >= 8
+    assert info["trusted"] == info["notebooks"]       # the curated notebooks would be trusted...
+    assert not (tmp_path / "data").exists()           # ...but a dry run signs nothing
     assert info["url"].startswith("http://127.0.0.1:8899/lab/tree/01_tour.ipynb?token=")
     cmd = info["command"]
     assert cmd[:3] == [sys.executable, "-m", "jupyterlab"]
@@ -56,3 +59,33 @@ def test_lab_serves_the_notebooks(tmp_path):
     finally:
         p.terminate()
         p.wait(timeout=30)
+
+
+def test_only_the_curated_notebooks_are_trusted(tmp_path, capsys):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "x.ipynb").write_text((NOTEBOOKS / "01_tour.ipynb").read_text())
+    assert cli_main(["lab", str(other), "--dry-run", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["trusted"] == []
+
+
+def test_trust_notebooks_signs_for_this_user(tmp_path, monkeypatch, capsys):
+    """What `workbench lab` does before starting: the notebooks' saved outputs (widget
+    views) are then rendered by JupyterLab (tests/test_browser_static.py sees it)."""
+    from nbformat import NO_CONVERT, read
+    from nbformat.sign import NotebookNotary
+
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "data"))
+    root = tmp_path / "nb"
+    root.mkdir()
+    for name in ["01_tour.ipynb", "02_weights.ipynb"]:
+        (root / name).write_text((NOTEBOOKS / name).read_text())
+    (root / "broken.ipynb").write_text("{not json")
+    nb = read(str(root / "01_tour.ipynb"), as_version=NO_CONVERT)
+    assert not NotebookNotary().check_signature(nb)
+    assert trust_notebooks(root) == ["01_tour.ipynb", "02_weights.ipynb"]
+    assert "broken.ipynb: not trusted, unreadable notebook" in capsys.readouterr().err
+    assert NotebookNotary().check_signature(nb)
+    assert trust_notebooks(root) == []                 # already trusted: nothing written
+    (root / "01_tour.ipynb").write_text((NOTEBOOKS / "01_tour.ipynb").read_text().replace("A tour", "A changed tour"))
+    assert trust_notebooks(root) == ["01_tour.ipynb"]  # a changed notebook is signed anew

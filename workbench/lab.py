@@ -5,6 +5,9 @@
 running it; with ``--json`` the launch details are printed as one JSON object first.
 Exit status: JupyterLab's own (0 on a clean shutdown), 2 when there is no notebook
 directory or JupyterLab is not installed.
+The curated notebooks (``notebooks/`` of this checkout, not a directory passed as PATH)
+are marked trusted first (:func:`trust_notebooks`), so their saved widget views show
+before anything runs.
 """
 from __future__ import annotations
 
@@ -58,6 +61,29 @@ def lab_argv(root: str | os.PathLike, *, port: int = 8888, ip: str = "127.0.0.1"
     return argv
 
 
+def trust_notebooks(root) -> list[str]:
+    """Sign every notebook in ``root`` in this user's Jupyter trust database, as ``jupyter
+    trust`` does, so that JupyterLab renders their saved outputs, widget views included,
+    before they are run (an untrusted notebook shows a widget as its text repr).  Returns
+    the names signed now; already trusted ones are left alone, and one that cannot be read
+    is named in a line on stderr and skipped."""
+    from nbformat import NO_CONVERT, read
+    from nbformat.sign import NotebookNotary
+
+    notary = NotebookNotary()
+    signed = []
+    for p in sorted(Path(root).glob("*.ipynb")):
+        try:
+            nb = read(str(p), as_version=NO_CONVERT)
+        except Exception as e:  # noqa: BLE001  (nbformat raises many kinds)
+            print(f"workbench lab: {p}: not trusted, unreadable notebook ({type(e).__name__})", file=sys.stderr)
+            continue
+        if not notary.check_signature(nb):
+            notary.sign(nb)
+            signed.append(p.name)
+    return signed
+
+
 def add_arguments(p):
     p.add_argument("path", nargs="?", default=None,
                    help=f"notebook directory (default: {NOTEBOOKS})")
@@ -89,6 +115,10 @@ def run(args) -> int:
     default = FIRST_NOTEBOOK if FIRST_NOTEBOOK in notebooks else ""
     url = f"http://{args.ip}:{port}/lab/tree/{default}?token={token}"
     info = {"notebook_dir": str(root), "notebooks": notebooks, "url": url, "command": argv}
+    # the curated notebooks of this checkout are trusted, so their saved widget views render
+    # before they run; a directory the user points at is left to Jupyter's own trust rules
+    curated = root.resolve() == NOTEBOOKS.resolve()
+    info["trusted"] = notebooks if curated else []
     if args.json:
         print(json.dumps(info), flush=True)
     elif args.dry_run:
@@ -97,6 +127,8 @@ def run(args) -> int:
         print(f"workbench lab: {len(notebooks)} notebooks in {root}\n  open {url}\n  (Ctrl-C to stop)", flush=True)
     if args.dry_run:
         return 0
+    if curated:
+        trust_notebooks(root)
     # become JupyterLab (no wrapper process left behind: Ctrl-C and SIGTERM reach it directly)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -15,11 +15,13 @@ import types as _types
 from workbench.trace.generate import Generation, generate
 from workbench.trace.hunt import CAUSES, Finding, HuntResult, diagnose, hunt
 from workbench.trace.interventions import Intervention, inject, patch, replace, zero_head
+from workbench.trace.modules import ModuleTrace
+from workbench.trace.record import Record, is_record
 from workbench.trace.stats import KEYS as STATS_KEYS
 from workbench.trace.store import ValueStore
 from workbench.trace.tracer import NONFINITE, Step, Trace, TraceError, prepare_ids, trace
 
-__all__ = ["trace", "Trace", "Step", "TraceError", "NONFINITE", "generate", "Generation", "hunt", "HuntResult",
+__all__ = ["trace", "Trace", "ModuleTrace", "Record", "is_record", "Step", "TraceError", "NONFINITE", "generate", "Generation", "hunt", "HuntResult",
            "Finding", "diagnose", "CAUSES", "Intervention", "patch", "replace", "zero_head", "inject",
            "ValueStore", "STATS_KEYS", "prepare_ids"]
 
