@@ -141,3 +141,17 @@ def test_both_granularities_are_records(model, tmp_path):
         name = t.ops[len(t.ops) // 2]
         assert t.stats(name)["nan"] == 0
         assert all(isinstance(v, mx.array) for _, v in t.inputs(name))
+
+
+def test_plots_on_a_module_level_trace(model):
+    from workbench import plots
+    from workbench.plots.analysis import logit_lens, residual_norms
+
+    t = workbench.trace(model, IDS, capture="full")
+    t.run()
+    rn = residual_norms(t)
+    assert rn.norms.shape == (model.num_layers, len(IDS))
+    np.testing.assert_allclose(rn.norms[1], np.linalg.norm(np.array(t.value("layers.1"))[0], axis=-1), rtol=1e-5)
+    plots.residual_norm_plot(t)
+    with pytest.raises(ValueError, match="module-level"):
+        logit_lens(t)

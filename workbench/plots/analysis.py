@@ -155,6 +155,12 @@ def logit_lens(model: Any, source: Any = None, positions: Sequence[int] | None =
     """
     import mlx.core as mx
 
+    if getattr(model, "granularity", "op") == "module":
+        # the reference's tail (final norm, head, soft-capping, scaling) is code we do not
+        # re-run piecewise; projecting through part of it would give plausible wrong numbers
+        raise ValueError("the logit lens projects through an op program's tail (norm, lm_head, soft-capping); "
+                         "this is a module-level trace: load the checkpoint with granularity='op' where an op "
+                         "program exists")
     if source is None and hasattr(model, "value") and hasattr(model, "program"):  # a Trace
         trace = model
         source, ctx = trace, ctx if ctx is not None else getattr(trace, "ctx", None)
