@@ -123,3 +123,22 @@ def test_missing_extra_names_it(monkeypatch):
     monkeypatch.setattr(registry, "_installed", lambda pkg: pkg != "mlx_vlm")
     with pytest.raises(registry.MissingExtra, match=r"workbench\[vlm\]"):
         registry.reference_for({"model_type": "gemma4", "vision_config": {}, "text_config": {}})
+
+
+def test_gemma3_image_tower_equals_mlx_vlm(tmp_path):
+    from workbench.zoo.multimodal import build_gemma3
+
+    p = build_gemma3(tmp_path / "g3")
+    model = workbench.load(p, granularity="module")
+    img = np.random.default_rng(1).integers(0, 255, (20, 24, 3), dtype=np.uint8)
+    t = workbench.trace(model, [5, 6, 7], images=[img], capture="full")
+    t.run()
+    ids, extra = media.prepare(model, [5, 6, 7], images=[img])
+    assert ids.tolist()[0][:6] == [251, 250, 250, 250, 250, 252]
+    ref = _reference(p)
+    h, _, _ = ref.vision_tower(extra["pixel_values"].transpose(0, 2, 3, 1), output_hidden_states=True)
+    assert mx.array_equal(t.value("vision_tower"), h)
+    assert mx.array_equal(t.value("multi_modal_projector"), ref.multi_modal_projector(h))
+    assert mx.array_equal(t.logits, ref(ids, **extra).logits[0])
+    with pytest.raises(ValueError, match="no audio tower"):
+        media.prepare(model, [5], audio=[np.zeros(100, np.float32)])

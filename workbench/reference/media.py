@@ -98,8 +98,12 @@ def _int_cfg(cfg, key, default):
 def prepare(model, text_ids: Sequence[int], images=(), audio=()) -> tuple[mx.array, dict[str, Any]]:
     """(input_ids [1, T], keyword inputs of the reference forward) for one prompt."""
     cfg = model.full_config
+    if model.family == "gemma3":
+        if audio:
+            raise ValueError("Gemma 3 has no audio tower")
+        return _gemma3(model, cfg, text_ids, images)
     if model.family != "gemma4":
-        raise ValueError(f"images and audio are supported for gemma4 checkpoints, not {model.family!r}")
+        raise ValueError(f"images and audio are supported for gemma4 and gemma3 checkpoints, not {model.family!r}")
     root = Path(model.checkpoint.root)
     proc = _processor_config(root)
     vc, ac = cfg.get("vision_config") or {}, cfg.get("audio_config")
@@ -135,4 +139,29 @@ def prepare(model, text_ids: Sequence[int], images=(), audio=()) -> tuple[mx.arr
             n = min(math.ceil(1000 * len(w) / fe.sampling_rate / ms), cap)
             prefix += [cfg["boa_token_id"]] + [cfg["audio_token_id"]] * n + [cfg["eoa_token_id"]]
     ids = mx.array([prefix + list(text_ids)], dtype=mx.int32)
+    return ids, extra
+
+
+def _gemma3(model, cfg: dict, text_ids: Sequence[int], images) -> tuple[mx.array, dict[str, Any]]:
+    """Gemma 3: SigLIP at ``vision_config.image_size`` (transformers' Gemma 3 image processor,
+    its PIL backend: resize, rescale, normalise to [-1, 1]), ``mm_tokens_per_image`` image
+    tokens each between boi and eoi; the reference forward takes an attention mask."""
+    from transformers.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()  # "PyTorch was not found": we need none of it here
+    from transformers import Gemma3ImageProcessorPil
+
+    vc, tc = cfg.get("vision_config") or {}, cfg.get("text_config") or {}
+    size = _int_cfg(vc, "image_size", 896)
+    n = _int_cfg(tc, "mm_tokens_per_image", cfg.get("mm_tokens_per_image", 256))
+    prefix: list[int] = []
+    extra: dict[str, Any] = {}
+    if images:
+        ip = Gemma3ImageProcessorPil(size={"height": size, "width": size})
+        extra["pixel_values"] = mx.array(ip([load_image(x) for x in images], return_tensors="np")["pixel_values"])
+        for _ in images:
+            prefix += [cfg["boi_token_index"]] + [cfg["image_token_index"]] * n + [cfg["eoi_token_index"]]
+    else:
+        extra["pixel_values"] = None
+    ids = mx.array([prefix + list(text_ids)], dtype=mx.int32)
+    extra["mask"] = mx.ones(ids.shape, dtype=mx.int32)
     return ids, extra

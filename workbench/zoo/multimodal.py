@@ -1,11 +1,13 @@
-"""Tiny multimodal checkpoints (Gemma 4 with vision and audio towers), written from
-mlx-vlm's own classes so that mlx-vlm loads them strictly.
+"""Tiny multimodal checkpoints (Gemma 4 with vision and audio towers, Gemma 3 with its
+SigLIP vision tower), written from mlx-vlm's own classes so that mlx-vlm loads them strictly.
 
     build_gemma4(dest)                                    # text 2 layers, vision 2, audio 2
     build_gemma4(dest, nan_at="audio_tower.layers.1.feed_forward1.ffw_layer_1.linear.weight")
+    build_gemma3(dest)                                    # text 2 layers, vision 1 (16 x 16 images)
 
-Token ids 250..255 are the placeholders (image, audio, boi, eoi, boa, eoa) of a 256-token
-vocabulary.  Random values; 1-D parameters are perturbed so norms are not all ones.
+Gemma 4: token ids 250..255 are the placeholders (image, audio, boi, eoi, boa, eoa) of a
+256-token vocabulary; Gemma 3: 250..252 (image, boi, eoi).  Random values; 1-D
+parameters are perturbed so norms are not all ones.
 """
 from __future__ import annotations
 
@@ -35,19 +37,42 @@ GEMMA4 = {
 }
 
 
+GEMMA3 = {
+    "model_type": "gemma3", "vocab_size": 256, "image_token_index": 250, "boi_token_index": 251,
+    "eoi_token_index": 252, "pad_token_id": 0, "hidden_size": 64, "mm_tokens_per_image": 4,
+    "text_config": {"model_type": "gemma3_text", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+                    "num_attention_heads": 4, "head_dim": 16, "num_key_value_heads": 2, "vocab_size": 256,
+                    "sliding_window": 8, "sliding_window_pattern": 2, "query_pre_attn_scalar": 16,
+                    "mm_tokens_per_image": 4, "max_position_embeddings": 512},
+    "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 64,
+                      "num_hidden_layers": 1, "num_attention_heads": 2, "patch_size": 4, "image_size": 16},
+}
+
+
+def build_gemma3(dest, *, seed: int = 0, dtype=None, nan_at: str | None = None) -> Path:
+    """Write a tiny Gemma 3 checkpoint with its vision tower (``nan_at``: see build_gemma4)."""
+    return _build("gemma3", GEMMA3, ["text", "vision"], dest, seed=seed, dtype=dtype, nan_at=nan_at)
+
+
 def build_gemma4(dest, *, audio: bool = True, seed: int = 0, dtype=None, nan_at: str | None = None,
                  scale: dict | None = None) -> Path:
     """Write a tiny Gemma 4 checkpoint with towers; ``nan_at`` plants a NaN in that tensor,
     ``scale`` multiplies tensors by factors (e.g. to provoke a float16 overflow)."""
+    cfg = copy.deepcopy(GEMMA4)
+    if not audio:
+        cfg.pop("audio_config")
+    return _build("gemma4", cfg, ["text", "vision", "audio"], dest, seed=seed, dtype=dtype, nan_at=nan_at,
+                  scale=scale)
+
+
+def _build(model_type: str, cfg: dict, parts: list, dest, *, seed, dtype, nan_at, scale=None) -> Path:
     from mlx_vlm.utils import update_module_configs
 
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    cfg = copy.deepcopy(GEMMA4)
-    if not audio:
-        cfg.pop("audio_config")
-    mod = importlib.import_module("mlx_vlm.models.gemma4")
-    mc = update_module_configs(mod.ModelConfig.from_dict(cfg), mod, cfg, ["text", "vision", "audio"])
+    cfg = copy.deepcopy(cfg)
+    mod = importlib.import_module(f"mlx_vlm.models.{model_type}")
+    mc = update_module_configs(mod.ModelConfig.from_dict(cfg), mod, cfg, parts)
     mx.random.seed(seed)
     model = mod.Model(mc)
     model.update(tree_map_with_path(
