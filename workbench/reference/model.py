@@ -177,12 +177,17 @@ class ReferenceModel:
     # -- building
     def _load(self, dtype):
         root = Path(self.checkpoint.root)
-        if self.library == "mlx_vlm":
-            from mlx_vlm.utils import load_model as vlm_load
-            model = vlm_load(root, lazy=True)
-        else:
-            from mlx_lm.utils import load_model as lm_load
-            model, _ = lm_load(root, lazy=True, strict=True)
+        lib = "mlx-vlm" if self.library == "mlx_vlm" else "mlx-lm"
+        try:
+            if self.library == "mlx_vlm":
+                from mlx_vlm.utils import load_model as vlm_load
+                model = vlm_load(root, lazy=True)
+            else:
+                from mlx_lm.utils import load_model as lm_load
+                model, _ = lm_load(root, lazy=True, strict=True)
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError, FileNotFoundError) as e:
+            msg = " ".join(str(e).split())[:400] or type(e).__name__
+            raise ValueError(f"{root}: {lib}'s {self.family} model cannot be built from this checkpoint: {msg}") from None
         model.eval()
         if dtype is not None:
             model.set_dtype(dtype)
