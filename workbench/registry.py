@@ -16,14 +16,24 @@ import importlib.util
 from typing import Mapping
 
 #: config model_type (top level, or text_config's for wrappers) -> op-program family
+#: (the MODEL_TYPES of workbench/models/; tests/test_inspect_reference.py checks they agree)
 OP_FAMILIES = {
     "gemma4": "gemma4_text", "gemma4_text": "gemma4_text",
     "gemma3": "gemma3_text", "gemma3_text": "gemma3_text",
-    "qwen3": "qwen3", "llama": "llama", "mistral": "llama",
+    "qwen3": "qwen3", "llama": "llama", "mistral": "llama", "qwen2": "llama",
 }
+
+#: config model_type -> family whose expected checkpoint tensors workbench/checkpoint/arch.py
+#: writes out by hand: the op families, and Gemma 3n (mlx-lm reads its per-layer
+#: intermediate sizes, mlx-vlm's model does not).  Every other model type's expected
+#: tensors come from its reference model's parameters (checkpoint/reference_arch.py).
+TABLE_FAMILIES = {**OP_FAMILIES, "gemma3n": "gemma3n", "gemma3n_text": "gemma3n"}
 
 #: model types whose checkpoints carry towers when their config has these keys
 TOWER_KEYS = ("vision_config", "audio_config")
+#: top-level modules of the towers and their projectors (never the language model's layers)
+TOWER_PREFIXES = ("vision_tower", "vision_model", "audio_tower", "embed_vision", "embed_audio",
+                  "multi_modal_projector", "vision_embedder")
 
 VLM_EXTRA = "pip install 'workbench[vlm]' (mlx-vlm)"
 
@@ -37,13 +47,23 @@ def model_type(config: Mapping) -> str | None:
     return mt if isinstance(mt, str) else None
 
 
-def op_family(config: Mapping) -> str | None:
-    """Our op-program family for a config, or None."""
+def _family(config: Mapping, table: Mapping) -> str | None:
     mt = model_type(config)
     tc = config.get("text_config")
-    if isinstance(tc, Mapping) and mt not in OP_FAMILIES and tc.get("model_type") in OP_FAMILIES:
+    if isinstance(tc, Mapping) and mt not in table and tc.get("model_type") in table:
         mt = tc.get("model_type")
-    return OP_FAMILIES.get(mt) if isinstance(mt, str) else None
+    return table.get(mt) if isinstance(mt, str) else None
+
+
+def op_family(config: Mapping) -> str | None:
+    """Our op-program family for a config, or None."""
+    return _family(config, OP_FAMILIES)
+
+
+def table_family(config: Mapping) -> str | None:
+    """The family of checkpoint/arch.py's hand-written tensor tables for a config, or None
+    (then the reference model's parameters are the expected tensors)."""
+    return _family(config, TABLE_FAMILIES)
 
 
 def has_towers(config: Mapping) -> bool:

@@ -296,15 +296,27 @@ class ReferenceModel:
         return list(paths.values())
 
 
+#: where references keep their decoder layers (after these, the longest list of modules outside the towers)
+LAYER_LISTS = ("model.layers", "layers", "language_model.model.layers", "language_model.layers",
+               "model.h", "transformer.h", "transformer.blocks", "backbone.layers")
+
+
 def _layers(model: nn.Module) -> list:
-    for path in ("model.layers", "layers", "language_model.model.layers", "language_model.layers"):
+    for path in LAYER_LISTS:
         try:
             v = R.module_at(model, path)
         except (AttributeError, KeyError, IndexError, TypeError):
             continue
-        if isinstance(v, (list, tuple)):
+        if isinstance(v, (list, tuple)) and v:
             return list(v)
-    return []
+    best: list = []
+    for path, m in model.named_modules():
+        if path.split(".")[0] in registry.TOWER_PREFIXES:
+            continue
+        for v in m.values():
+            if isinstance(v, (list, tuple)) and len(v) > len(best) and all(isinstance(e, nn.Module) for e in v):
+                best = list(v)
+    return best
 
 
 def _storage_dtype(model: nn.Module):
