@@ -53,7 +53,7 @@ def load(path, dtype=None, granularity: str = "auto", library: str | None = None
         return model
     mod = family_of(ck.model_type)
     text_config = dict(ck.text_config)
-    cfg = mod.Config.from_dict(text_config)
+    cfg = mod.Config.from_checkpoint(ck)  # config read (arch.KEYS) and every tensor shape checked
     names = list(ck.lm_names())
     b = Builder(ck, names)
     program = mod.build(cfg, b)

@@ -24,7 +24,7 @@ Program inputs (made by :meth:`Model.feeds`):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -33,38 +33,43 @@ import mlx.nn as nn
 
 from workbench.program import Op, Program
 
-DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
-
-
-def parse_dtype(dtype) -> mx.Dtype | None:
-    if dtype is None or isinstance(dtype, mx.Dtype):
-        return dtype
-    key = str(dtype).replace("mlx.core.", "")
-    if key in ("fp32", "f32"):
-        key = "float32"
-    if key in ("bf16",):
-        key = "bfloat16"
-    if key in ("fp16", "f16", "half"):
-        key = "float16"
-    if key not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
-    return DTYPES[key]
-
-
-def dtype_name(dtype: mx.Dtype) -> str:
-    return str(dtype).replace("mlx.core.", "")
+from workbench.dtypes import DTYPES, dtype_name, parse_dtype  # noqa: F401  (re-exported)
 
 
 # --------------------------------------------------------------------------- config
 
+class CheckpointMismatch(ValueError):
+    """The checkpoint's tensors do not match its config.json (the message is inspect's first
+    error, in one line)."""
+
+
 @dataclass
 class BaseConfig:
-    """Config dataclasses take the known keys of a config.json and ignore the rest."""
+    """A family's config: the values :func:`workbench.checkpoint.arch.build_arch` read from
+    config.json (``Arch.spec``).  Which keys a family reads, ignores or refuses is declared
+    there, in ``arch.KEYS[FAMILY]``, so that ``inspect`` and ``load`` read a config alike."""
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]):
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+    def from_checkpoint(cls, ck):
+        """The checkpoint's config, after every tensor's shape was checked against it."""
+        check_checkpoint(ck)
+        return cls(**ck.arch.spec)
+
+
+def check_checkpoint(ck) -> None:
+    """Refuse a checkpoint before anything is built or run: a config that cannot be read
+    (ConfigError naming the key) or tensors that do not match it (CheckpointMismatch with
+    inspect's first error; ``workbench inspect`` lists them all)."""
+    from workbench.checkpoint.arch import ConfigError
+    from workbench.checkpoint.inspect import inspect
+
+    if ck.arch is None:
+        raise ConfigError(ck.arch_error or "no usable config.json")
+    errors = inspect(ck).errors
+    if errors:
+        more = f" (and {len(errors) - 1} more: `workbench inspect {ck.path}` lists them)" if len(errors) > 1 else ""
+        raise CheckpointMismatch(f"checkpoint does not match its config: {errors[0].code}: "
+                                 f"{errors[0].message}{more}")
 
 
 # --------------------------------------------------------------------------- weights
@@ -202,30 +207,24 @@ class Context:
 
 # --------------------------------------------------------------------------- RoPE
 
-def rope_params(head_dim: int, base: float, scaling: Mapping | None,
-                max_position_embeddings: int | None = None, traditional: bool = False) -> dict:
-    """Arguments for ``mx.fast.rope`` from a rope_scaling / rope_parameters dict.
-
-    Supports the rope types of the families we build: default, linear, llama3 and
-    proportional (Gemma 4's partial rotation over the full head dimension).
-    """
-    rp = _rope_params(head_dim, base, scaling)
+def rope_params(head_dim: int, rope: Mapping, traditional: bool = False) -> dict:
+    """Arguments for ``mx.fast.rope`` from one normalised rope dict (``Arch.spec["rope"][type]``,
+    see :func:`workbench.checkpoint.arch.read_rope`): rope types default, linear, llama3,
+    yarn and proportional (Gemma 4's partial rotation over the full head dimension), with
+    transformers' formulas."""
+    rp = _rope_params(head_dim, rope)
     rp["traditional"] = bool(traditional)
     return rp
 
 
-def _rope_params(head_dim, base, scaling):
-    rope_type = "default"
-    if scaling:
-        rope_type = scaling.get("type") or scaling.get("rope_type", "default")
+def _rope_params(head_dim, r):
+    rope_type, base = r["rope_type"], r["rope_theta"]
     if rope_type in ("default", "linear"):
-        scale = 1.0 / scaling["factor"] if rope_type == "linear" else 1.0
+        scale = 1.0 / r["factor"] if rope_type == "linear" else 1.0
         return dict(dims=head_dim, base=base, scale=scale, freqs=None, type=rope_type)
     if rope_type == "llama3":
-        factor = scaling["factor"]
-        low = scaling.get("low_freq_factor", 1.0)
-        high = scaling.get("high_freq_factor", 4.0)
-        old = scaling.get("original_max_position_embeddings", 8192)
+        factor, low, high = r["factor"], r["low_freq_factor"], r["high_freq_factor"]
+        old = r["original_max_position_embeddings"]
         low_wl, high_wl = old / low, old / high
         freqs = base ** (mx.arange(0, head_dim, 2) / head_dim)
         wl = 2 * mx.pi * freqs
@@ -236,33 +235,32 @@ def _rope_params(head_dim, base, scaling):
         freqs = mx.where(medium, smooth_freqs, freqs)
         return dict(dims=head_dim, base=None, scale=1.0, freqs=freqs, type=rope_type)
     if rope_type == "proportional":
-        rotated = int(head_dim * scaling.get("partial_rotary_factor", 1.0))
-        factor = scaling.get("factor", 1.0)
-        exps = mx.arange(0, rotated, 2, dtype=mx.float32) / head_dim
-        freqs = mx.concatenate([factor * (base ** exps),
-                                mx.full(((head_dim - rotated) // 2,), mx.inf)])
-        return dict(dims=head_dim, base=None, scale=1.0, freqs=freqs, type=rope_type,
-                    rotated_dims=rotated)
+        # transformers: the first int(prf * head_dim // 2) frequencies rotate (exponents over the
+        # full head_dim), the rest do not (infinite wavelength); all divided by factor
+        angles = int(r["partial_rotary_factor"] * head_dim // 2)
+        exps = mx.arange(0, 2 * angles, 2, dtype=mx.float32) / head_dim
+        freqs = mx.concatenate([r["factor"] * (base ** exps), mx.full((head_dim // 2 - angles,), mx.inf)])
+        return dict(dims=head_dim, base=None, scale=1.0, freqs=freqs, type=rope_type, rotated_dims=2 * angles)
     if rope_type == "yarn":
-        return _yarn(head_dim, base, scaling)
+        return _yarn(head_dim, base, r)
     raise ValueError(f"unsupported rope type {rope_type!r} (supported: default, linear, llama3, yarn, proportional)")
 
 
-def _yarn(dims, base, scaling):
-    """YaRN (as mlx-lm's YarnRoPE): blended frequencies and an input scale ``mscale``."""
-    factor = scaling["factor"]
-    orig = scaling.get("original_max_position_embeddings", 4096)
-    beta_fast, beta_slow = scaling.get("beta_fast", 32), scaling.get("beta_slow", 1)
-    mscale, mscale_all_dim = scaling.get("mscale", 1), scaling.get("mscale_all_dim", 0)
+def _yarn(dims, base, r):
+    """YaRN as transformers computes it: blended frequencies, and the attention factor
+    applied to queries and keys (``mscale``)."""
+    factor, orig = r["factor"], r["original_max_position_embeddings"]
 
     def correction_dim(rot):
         return dims * math.log(orig / (rot * 2 * math.pi)) / (2 * math.log(base))
 
-    def get_mscale(scale, m):
+    def get_mscale(scale, m=1.0):
         return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
 
-    low = max(math.floor(correction_dim(beta_fast)), 0)
-    high = min(math.ceil(correction_dim(beta_slow)), dims - 1)
+    low, high = correction_dim(r["beta_fast"]), correction_dim(r["beta_slow"])
+    if r["truncate"]:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dims - 1)
     if low == high:
         high += 0.001
     ramp = mx.clip((mx.arange(dims // 2, dtype=mx.float32) - low) / (high - low), 0, 1)
@@ -270,7 +268,10 @@ def _yarn(dims, base, scaling):
     extra = base ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims)
     inter = factor * extra
     freqs = (inter * extra) / (inter * mask + extra * (1 - mask))
-    ms = get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)
+    ms = r["attention_factor"]
+    if ms is None:
+        m, mad = r["mscale"], r["mscale_all_dim"]
+        ms = get_mscale(factor, m) / get_mscale(factor, mad) if (m and mad) else get_mscale(factor)
     return dict(dims=dims, base=None, scale=1.0, freqs=freqs, type="yarn", mscale=ms)
 
 

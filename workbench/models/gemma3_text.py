@@ -3,10 +3,12 @@
 * embeddings scaled by sqrt(hidden_size) (rounded to bfloat16, as in the reference);
 * every RMSNorm multiplies by ``1 + weight``;
 * q_norm / k_norm per head; scores scaled by ``query_pre_attn_scalar ** -0.5``;
-* sliding layers: RoPE base ``rope_local_base_freq`` and a ``sliding_window`` mask;
-  global layers (every ``sliding_window_pattern``-th): base ``rope_theta`` with
-  ``rope_scaling`` (linear for the 4B+ models) and the full causal mask;
+* sliding layers: their RoPE (``rope_parameters.sliding_attention``, or base
+  ``rope_local_base_freq``) and a ``sliding_window`` mask; full layers (``layer_types``,
+  or every ``sliding_window_pattern``-th): ``rope_parameters.full_attention`` (or base
+  ``rope_theta`` with ``rope_scaling``: linear x8 for the 4B+ models) and the causal mask;
 * GeGLU MLP (tanh-approximated GELU);
+* a final logit soft-cap when the config sets final_logit_softcapping (transformers);
 * in float16 the residual adds are computed in float32 and clipped to ±65504, as the
   reference (mlx-lm) does.
 
@@ -22,40 +24,38 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Optional
 
 import mlx.core as mx
 
-from workbench.models.base import BaseConfig, Builder, geglu, rope_params
+from workbench.checkpoint import arch
+from workbench.models.base import BaseConfig, Builder, geglu, rope_params, softcap
 
 FAMILY = "gemma3_text"
 MODEL_TYPES = ("gemma3_text", "gemma3")
+#: config.json keys this family reads, knowingly ignores, or reads at given values only
+KEYS = arch.KEYS[FAMILY]
 
 
 @dataclass
 class Config(BaseConfig):
-    hidden_size: int = 1152
-    num_hidden_layers: int = 26
-    intermediate_size: int = 6912
-    num_attention_heads: int = 4
-    head_dim: int = 256
-    rms_norm_eps: float = 1e-6
-    vocab_size: int = 262144
-    num_key_value_heads: int = 1
-    rope_theta: float = 1_000_000.0
-    rope_local_base_freq: float = 10_000.0
-    query_pre_attn_scalar: float = 256
-    sliding_window: int = 512
-    sliding_window_pattern: int = 6
-    max_position_embeddings: int = 32768
-    rope_scaling: Optional[dict] = None
-    layer_types: Optional[list] = None
+    """What the program reads (``Arch.spec``): ``rope`` per layer type, from
+    ``rope_parameters.{full_attention, sliding_attention}`` or the older rope_theta /
+    rope_local_base_freq / rope_scaling (which scales the full layers)."""
 
-    def __post_init__(self):
-        if self.layer_types is None:
-            p = self.sliding_window_pattern
-            self.layer_types = ["full_attention" if (i + 1) % p == 0 else "sliding_attention"
-                                for i in range(self.num_hidden_layers)]
+    hidden_size: int
+    num_hidden_layers: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    vocab_size: int
+    rope: dict
+    query_pre_attn_scalar: float
+    sliding_window: int
+    layer_types: list
+    final_logit_softcapping: float | None
+    tie_word_embeddings: bool
 
 
 def windows(cfg: Config) -> dict:
@@ -78,7 +78,7 @@ def attention(b: Builder, cfg: Config, i: int, h: str, rope: dict) -> str:
     a = f"layers.{i}.self_attn"
     H, Hkv, D, eps = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps
     sliding = cfg.layer_types[i] == "sliding_attention"
-    rp = rope["sliding" if sliding else "full"]
+    rp = rope[cfg.layer_types[i]]
     q = b.heads(f"{a}.q_heads", b.linear(f"{a}.q_proj", h), H, D)
     k = b.heads(f"{a}.k_heads", b.linear(f"{a}.k_proj", h), Hkv, D)
     v = b.heads(f"{a}.v_heads", b.linear(f"{a}.v_proj", h), Hkv, D)
@@ -103,10 +103,7 @@ def mlp(b: Builder, i: int, h: str) -> str:
 
 def build(cfg: Config, b: Builder):
     eps = cfg.rms_norm_eps
-    rope = {
-        "sliding": rope_params(cfg.head_dim, cfg.rope_local_base_freq, None),
-        "full": rope_params(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings),
-    }
+    rope = {t: rope_params(cfg.head_dim, r) for t, r in cfg.rope.items()}
     embed_scale = mx.array(cfg.hidden_size ** 0.5, mx.bfloat16)
     x = b.embedding("embed_tokens", "input_ids")
     x = b.op("embed_scale", "scale", lambda ctx, x: x * embed_scale.astype(x.dtype), [x],
@@ -120,6 +117,10 @@ def build(cfg: Config, b: Builder):
         r = b.rmsnorm(f"{L}.post_feedforward_layernorm", mlp(b, i, h), eps, plus_one=True)
         x = residual(b, L, x, r)
     x = b.rmsnorm("norm", x, eps, plus_one=True)
-    x = b.lm_head(x, tie=True)
-    b.identity("logits", x)
+    x = b.lm_head(x, tie=cfg.tie_word_embeddings)
+    cap = cfg.final_logit_softcapping
+    if cap:
+        b.op("logits", "softcap", lambda ctx, x: softcap(x, cap), [x], cap=cap)
+    else:
+        b.identity("logits", x)
     return b.program(["input_ids", "rope_offset", "attn_mask", "attn_mask_sliding"])

@@ -9,10 +9,11 @@ What is particular to Gemma 4, in the order the forward pass meets it:
   stream after the MLP;
 * attention: q_norm / k_norm per head, v_norm (RMS, no weight), scale 1.0;
   sliding layers use head_dim, RoPE "default" (base 10k) and a sliding-window mask;
-  full layers use global_head_dim, "proportional" RoPE (only a fraction of the
-  dimensions rotate) and the causal mask;
+  full layers use their own head_dim (per_layer_config, formerly global_head_dim),
+  "proportional" RoPE (only a fraction of the dimensions rotate) and the causal mask;
 * attention_k_eq_v (large models): full layers have no v_proj, values are the k_proj
-  output (before k_norm) and may have their own head count (num_global_key_value_heads);
+  output (before k_norm) and may have their own head count (per_layer_config's
+  num_key_value_heads, formerly num_global_key_value_heads);
 * KV sharing: the last ``num_kv_shared_layers`` layers compute only queries and attend
   to the keys/values of the last earlier layer of the same type (no k/v ops of their own);
   their MLP may be twice as wide (use_double_wide_mlp; the weights say how wide);
@@ -25,72 +26,59 @@ What is particular to Gemma 4, in the order the forward pass meets it:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional
 
 import mlx.core as mx
 import mlx.nn as nn
 
+from workbench.checkpoint import arch
 from workbench.models.base import BaseConfig, Builder, geglu, rope_params, softcap
 
 FAMILY = "gemma4_text"
 MODEL_TYPES = ("gemma4_text", "gemma4")
+#: config.json keys this family reads, knowingly ignores, or reads at given values only
+KEYS = arch.KEYS[FAMILY]
 
 
 @dataclass
 class Config(BaseConfig):
-    hidden_size: int = 1536
-    num_hidden_layers: int = 35
-    intermediate_size: int = 6144
-    num_attention_heads: int = 8
-    head_dim: int = 256
-    global_head_dim: Optional[int] = 512
-    rms_norm_eps: float = 1e-6
-    vocab_size: int = 262144
-    vocab_size_per_layer_input: int = 262144
-    num_key_value_heads: int = 1
-    num_global_key_value_heads: Optional[int] = None
-    num_kv_shared_layers: int = 0
-    hidden_size_per_layer_input: int = 0
-    rope_parameters: Optional[Dict] = None
-    sliding_window: int = 512
-    sliding_window_pattern: int = 5
-    max_position_embeddings: int = 131072
-    attention_k_eq_v: bool = False
-    final_logit_softcapping: Optional[float] = 30.0
-    use_double_wide_mlp: bool = True
-    enable_moe_block: bool = False
-    num_experts: Optional[int] = None
-    top_k_experts: Optional[int] = None
-    moe_intermediate_size: Optional[int] = None
-    layer_types: Optional[List[str]] = None
-    tie_word_embeddings: bool = True
+    """What the program reads (``Arch.spec``): per-layer ``head_dims`` / ``kv_heads`` (from
+    transformers' ``per_layer_config``, or the older ``global_head_dim`` /
+    ``num_global_key_value_heads`` of full layers) and ``rope`` per layer type."""
 
-    def __post_init__(self):
-        if self.rope_parameters is None:
-            self.rope_parameters = {
-                "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0,
-                                   "rope_type": "proportional"},
-                "sliding_attention": {"partial_rotary_factor": 1.0, "rope_theta": 10000.0,
-                                      "rope_type": "default"},
-            }
-        if self.layer_types is None:
-            p = ["sliding_attention"] * (self.sliding_window_pattern - 1) + ["full_attention"]
-            self.layer_types = (p * (self.num_hidden_layers // len(p) + 1))[: self.num_hidden_layers]
+    hidden_size: int
+    num_hidden_layers: int
+    intermediate_size: int
+    num_attention_heads: int
+    head_dims: list
+    kv_heads: list
+    rms_norm_eps: float
+    vocab_size: int
+    num_kv_shared_layers: int
+    hidden_size_per_layer_input: int
+    rope: dict
+    sliding_window: int
+    attention_k_eq_v: bool
+    final_logit_softcapping: float | None
+    use_double_wide_mlp: bool
+    enable_moe_block: bool
+    num_experts: int | None
+    top_k_experts: int | None
+    moe_intermediate_size: int | None
+    layer_types: list
+    tie_word_embeddings: bool
 
     # -- per-layer geometry
     def is_full(self, i: int) -> bool:
         return self.layer_types[i] == "full_attention"
 
     def head_dim_of(self, i: int) -> int:
-        return self.global_head_dim if self.is_full(i) and self.global_head_dim else self.head_dim
+        return self.head_dims[i]
 
     def k_eq_v(self, i: int) -> bool:
         return self.attention_k_eq_v and self.is_full(i)
 
     def kv_heads_of(self, i: int) -> int:
-        if self.k_eq_v(i) and self.num_global_key_value_heads is not None:
-            return self.num_global_key_value_heads
-        return self.num_key_value_heads
+        return self.kv_heads[i]
 
     @property
     def first_kv_shared(self) -> int:
@@ -282,9 +270,9 @@ def layer(b: Builder, cfg: Config, i: int, x: str, pli: str | None, rope: dict) 
 
 def build(cfg: Config, b: Builder):
     rope = {}
-    for kind, p in cfg.rope_parameters.items():
-        dim = cfg.global_head_dim if kind == "full_attention" and cfg.global_head_dim else cfg.head_dim
-        rope[kind] = rope_params(dim, p.get("rope_theta", 10000.0), p, cfg.max_position_embeddings)
+    for kind, p in cfg.rope.items():  # one table per layer type, at that type's head_dim
+        if kind in cfg.layer_types:
+            rope[kind] = rope_params(cfg.head_dims[cfg.layer_types.index(kind)], p)
     x, pli = embed(b, cfg)
     for i in range(cfg.num_hidden_layers):
         x = layer(b, cfg, i, x, pli, rope)

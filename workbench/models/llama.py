@@ -16,40 +16,36 @@ Per layer ``i`` (x = ``layers.{i-1}``, or ``embed_tokens`` for the first layer):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Optional
+from dataclasses import dataclass
 
+from workbench.checkpoint import arch
 from workbench.models.base import BaseConfig, Builder, rope_params, swiglu
 
 FAMILY = "llama"
 MODEL_TYPES = ("llama", "mistral", "qwen2")  # qwen2: llama with q/k/v biases
+#: config.json keys this family reads, knowingly ignores, or reads at given values only (any
+#: other key is refused by name); declared with the architecture knowledge, for inspect and load
+KEYS = arch.KEYS[FAMILY]
 
 
 @dataclass
 class Config(BaseConfig):
-    hidden_size: int = 4096
-    num_hidden_layers: int = 32
-    intermediate_size: int = 11008
-    num_attention_heads: int = 32
-    rms_norm_eps: float = 1e-5
-    vocab_size: int = 32000
-    head_dim: Optional[int] = None
-    num_key_value_heads: Optional[int] = None
-    rope_theta: float = 10000.0
-    rope_traditional: bool = False
-    rope_scaling: Optional[dict] = None
-    max_position_embeddings: Optional[int] = None
-    tie_word_embeddings: bool = True
-    layer_types: Optional[list] = None
-    sliding_window: Optional[int] = None
+    """What the program reads (``Arch.spec``): ``rope`` holds one normalised rope dict per
+    layer type; sliding layers (``layer_types``) attend within ``sliding_window``."""
 
-    def __post_init__(self):
-        if self.num_key_value_heads is None:
-            self.num_key_value_heads = self.num_attention_heads
-        if self.head_dim is None:
-            self.head_dim = self.hidden_size // self.num_attention_heads
-        if self.layer_types is None:
-            self.layer_types = ["full_attention"] * self.num_hidden_layers
+    hidden_size: int
+    num_hidden_layers: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    vocab_size: int
+    rope: dict
+    tie_word_embeddings: bool
+    layer_types: list
+    sliding_window: int | None
+    rope_traditional: bool = False
 
 
 def windows(cfg: Config) -> dict:
@@ -86,8 +82,7 @@ def mlp(b: Builder, i: int, h: str) -> str:
 
 
 def build(cfg: Config, b: Builder):
-    rp = rope_params(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings,
-                     cfg.rope_traditional)
+    rp = rope_params(cfg.head_dim, cfg.rope["full_attention"], cfg.rope_traditional)
     x = b.embedding("embed_tokens", "input_ids")
     for i in range(cfg.num_hidden_layers):
         h = b.rmsnorm(f"layers.{i}.input_layernorm", x, cfg.rms_norm_eps)

@@ -13,44 +13,34 @@ Per layer ``i``::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
+from workbench.checkpoint import arch
 from workbench.models.base import BaseConfig, Builder, rope_params
-from workbench.models.llama import mlp
+from workbench.models.llama import mlp, windows
 
 FAMILY = "qwen3"
 MODEL_TYPES = ("qwen3",)
+#: config.json keys this family reads, knowingly ignores, or reads at given values only
+KEYS = arch.KEYS[FAMILY]
 
 
 @dataclass
 class Config(BaseConfig):
-    hidden_size: int = 4096
-    num_hidden_layers: int = 36
-    intermediate_size: int = 12288
-    num_attention_heads: int = 32
-    num_key_value_heads: int = 8
-    head_dim: int = 128
-    rms_norm_eps: float = 1e-6
-    vocab_size: int = 151936
-    rope_theta: Optional[float] = None
-    rope_scaling: Optional[dict] = None
-    rope_parameters: Optional[dict] = None
-    max_position_embeddings: int = 40960
-    tie_word_embeddings: bool = False
+    """What the program reads (``Arch.spec``), as Llama's; sliding layers (transformers'
+    use_sliding_window / max_window_layers, or layer_types) attend within sliding_window."""
 
-    def __post_init__(self):
-        # transformers >= 5 nests rope_theta / rope_scaling under rope_parameters
-        if self.rope_parameters:
-            if self.rope_theta is None:
-                self.rope_theta = self.rope_parameters.get("rope_theta")
-            if self.rope_scaling is None:
-                self.rope_scaling = self.rope_parameters
-        if self.rope_theta is None:
-            raise ValueError("config.json has no rope_theta")
-
-
-def windows(cfg: Config) -> dict:
-    return {"attn_mask": None}
+    hidden_size: int
+    num_hidden_layers: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    vocab_size: int
+    rope: dict
+    tie_word_embeddings: bool
+    layer_types: list
+    sliding_window: int | None
 
 
 def attention(b: Builder, cfg: Config, i: int, h: str, rp: dict) -> str:
@@ -64,13 +54,14 @@ def attention(b: Builder, cfg: Config, i: int, h: str, rp: dict) -> str:
     v = b.heads(f"{a}.v_heads", v, Hkv, D)
     k = b.kv_cache(f"{a}.k_cache", k, "k", i)
     v = b.kv_cache(f"{a}.v_cache", v, "v", i)
-    s = b.scores(f"{a}.scores", q, k, "attn_mask", D ** -0.5, H, Hkv)
+    mask = "attn_mask_sliding" if cfg.layer_types[i] == "sliding_attention" else "attn_mask"
+    s = b.scores(f"{a}.scores", q, k, mask, D ** -0.5, H, Hkv)
     o = b.attend(f"{a}.context", b.softmax(f"{a}.softmax", s), v, H, Hkv, D)
     return b.linear(f"{a}.o_proj", o)
 
 
 def build(cfg: Config, b: Builder):
-    rp = rope_params(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
+    rp = rope_params(cfg.head_dim, cfg.rope["full_attention"])
     x = b.embedding("embed_tokens", "input_ids")
     for i in range(cfg.num_hidden_layers):
         h = b.rmsnorm(f"layers.{i}.input_layernorm", x, cfg.rms_norm_eps)
@@ -80,4 +71,4 @@ def build(cfg: Config, b: Builder):
     x = b.rmsnorm("norm", x, cfg.rms_norm_eps)
     x = b.lm_head(x, tie=cfg.tie_word_embeddings)
     b.identity("logits", x)
-    return b.program(["input_ids", "rope_offset", "attn_mask"])
+    return b.program(["input_ids", "rope_offset", *windows(cfg)])

@@ -1,0 +1,337 @@
+"""Configs are read exactly or refused (issue 13, item 1).
+
+* Checkpoints whose config.json transformers 5.24 wrote (``rope_parameters`` with llama3 /
+  yarn RoPE, Gemma 3's per-layer-type RoPE with linear x8 scaling, Gemma 4's
+  ``per_layer_config``), with weights built here from a seeded generator, give the
+  logits torch + transformers computed (tests/data/configs/*/logits.npy, written by
+  tests/data/make_config_refs.py);
+* the older flat forms of the same configs, which mlx-lm reads, give the same logits in
+  mlx-lm and here; a multimodal wrapper without a top-level vocab_size reads its text
+  config's;
+* a key that changes the numbers and is not handled is refused by name (load, inspect,
+  the CLI: one line, exit 2), and load checks every tensor's shape first;
+* any value of a config field gives a model or a one-line ValueError naming the field:
+  never a traceback, a hang or a huge allocation.
+"""
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import workbench
+import mlx.core as mx
+
+from workbench.checkpoint.arch import KEYS, ConfigError, build_arch
+from workbench.cli import main
+from workbench.models.base import CheckpointMismatch
+
+DATA = Path(__file__).parent / "data" / "configs"
+_spec = importlib.util.spec_from_file_location("make_config_refs", DATA.parent / "make_config_refs.py")
+refs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(refs)
+CASES = sorted(refs.CASES)
+IDS = mx.array(refs.IDS)
+
+
+def transformers_config(case: str) -> dict:
+    return json.loads((DATA / case / "config.json").read_text())
+
+
+def write(dest: Path, config: dict, weights: dict | None = None, prefix: str = "model.") -> Path:
+    """A checkpoint: ``config`` as config.json, ``weights`` (default: refs.weights(config)) as
+    model.safetensors with ``prefix`` before every name but lm_head."""
+    dest.mkdir(parents=True, exist_ok=True)
+    w = refs.weights(config) if weights is None else weights
+    mx.save_safetensors(str(dest / "model.safetensors"),
+                        {(n if n.startswith("lm_head") else prefix + n): mx.array(v) for n, v in w.items()})
+    (dest / "config.json").write_text(json.dumps(config, indent=1))
+    return dest
+
+
+def rel_err(out, ref) -> float:
+    out, ref = np.asarray(out, np.float32), np.asarray(ref, np.float32)
+    return float(np.abs(out - ref).max() / np.abs(ref).max())
+
+
+def logits(path) -> np.ndarray:
+    return np.array(workbench.load(path)(IDS))
+
+
+def test_the_data_is_what_transformers_writes():
+    """The committed configs hold the transformers >= 5 forms this file is about."""
+    assert transformers_config("llama3_rope")["rope_parameters"]["rope_type"] == "llama3"
+    assert "rope_theta" not in transformers_config("llama3_rope")
+    assert "rope_scaling" not in transformers_config("llama3_rope")
+    assert transformers_config("gemma3_linear")["rope_parameters"]["full_attention"]["rope_type"] == "linear"
+    g4 = transformers_config("gemma4_per_layer")
+    assert g4["per_layer_config"] == {"1": {"head_dim": 32, "num_key_value_heads": 1},
+                                      "3": {"head_dim": 32, "num_key_value_heads": 1}}
+    assert "global_head_dim" not in g4 and "num_global_key_value_heads" not in g4
+    assert all(c["transformers_version"] == "5.24.0" for c in map(transformers_config, CASES))
+    assert sum(f.stat().st_size for f in DATA.parent.rglob("*") if f.is_file()) < 200_000
+
+
+# ---------------------------------------------------------------- logits == transformers
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_transformers_config_matches_torch_logits(tmp_path, case):
+    path = write(tmp_path / case, transformers_config(case))
+    r = workbench.inspect(path)
+    assert r.ok and not r.problems, [p.message for p in r.problems]
+    ref = np.load(DATA / case / "logits.npy")
+    out = logits(path)
+    assert out.shape == ref.shape
+    assert rel_err(out, ref) <= 1e-5
+
+
+def _misread(case: str) -> dict:
+    """The config as a reader that ignores the new forms would take it (the issue's bugs)."""
+    c = transformers_config(case)
+    if case == "llama3_rope":
+        c["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}
+    elif case == "gemma3_linear":
+        c["rope_parameters"]["full_attention"] = {"rope_type": "default", "rope_theta": 1000000.0}
+    elif case == "qwen3_yarn":
+        c["rope_parameters"] = {"rope_type": "default", "rope_theta": 1000000.0}
+    return c
+
+
+@pytest.mark.parametrize("case", ["llama3_rope", "gemma3_linear", "qwen3_yarn"])
+def test_ignoring_the_rope_form_would_be_caught(tmp_path, case):
+    """The reference tells the RoPE apart: the same weights read with plain RoPE are far off."""
+    w = refs.weights(transformers_config(case))
+    out = logits(write(tmp_path / case, _misread(case), w))
+    assert rel_err(out, np.load(DATA / case / "logits.npy")) > 1e-2
+
+
+def _flat(case: str) -> dict:
+    """The same model in the older flat form (what transformers 4 wrote and mlx-lm reads)."""
+    c = transformers_config(case)
+    if case in ("llama3_rope", "qwen3_yarn"):
+        rp = c.pop("rope_parameters")
+        c["rope_theta"] = rp.pop("rope_theta")
+        c["rope_scaling"] = rp
+    elif case == "gemma3_linear":
+        rp = c.pop("rope_parameters")
+        c["rope_theta"] = rp["full_attention"].pop("rope_theta")
+        c["rope_local_base_freq"] = rp["sliding_attention"]["rope_theta"]
+        c["rope_scaling"] = rp["full_attention"]
+        c["sliding_window_pattern"] = 2  # what layer_types says, for mlx-lm, which reads only the pattern
+    elif case.startswith("gemma4"):
+        plc = c.pop("per_layer_config")
+        c["global_head_dim"] = plc["1"]["head_dim"]
+        if "num_key_value_heads" in plc["1"]:
+            c["num_global_key_value_heads"] = plc["1"]["num_key_value_heads"]
+    return c
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_older_flat_form_reads_the_same_here_and_in_mlx_lm(tmp_path, case):
+    from mlx_lm.utils import load_model
+
+    w = refs.weights(transformers_config(case))
+    new = logits(write(tmp_path / "new", transformers_config(case), w))
+    flat = write(tmp_path / "flat", _flat(case), w)
+    assert rel_err(logits(flat), new) <= 1e-6
+    ref_model, _ = load_model(flat)
+    assert rel_err(np.array(ref_model(IDS)), np.load(DATA / case / "logits.npy")) <= 1e-5
+
+
+def _wrap(text: dict, vocab: int | None) -> dict:
+    c = {"model_type": "gemma4", "text_config": dict(text), "tie_word_embeddings": True,
+         "vision_config": {"model_type": "gemma4_vision", "hidden_size": 32}}
+    if vocab is not None:
+        c["vocab_size"] = vocab
+    return c
+
+
+def test_multimodal_wrapper_without_vocab_size_reads_its_text_config(tmp_path):
+    text = transformers_config("gemma4_per_layer")
+    w = refs.weights(text)
+    path = write(tmp_path / "mm", _wrap(text, None), w, prefix="language_model.model.")
+    r = workbench.inspect(path)
+    assert r.ok and not r.problems, [p.message for p in r.problems]
+    assert rel_err(logits(path), np.load(DATA / "gemma4_per_layer" / "logits.npy")) <= 1e-5
+    # a top-level vocab_size that contradicts the text config's is refused, naming both
+    (path / "config.json").write_text(json.dumps(_wrap(text, 1000)))
+    with pytest.raises(ConfigError, match="vocab_size = 1000 and text_config.vocab_size = 256"):
+        workbench.load(path)
+
+
+# ---------------------------------------------------------------- refused by name
+
+def _set(c: dict, dotted: str, value):
+    *path, last = dotted.split(".")
+    for k in path:
+        c = c[k]
+    if value is _DELETE:
+        del c[last]
+    else:
+        c[last] = value
+
+
+_DELETE = object()
+
+REFUSED = [
+    ("llama3_rope", "rope_parameters.rope_type", "longrope", "rope_type 'longrope'"),
+    ("llama3_rope", "rope_parameters.rope_type", "dynamic", "rope_type 'dynamic'"),
+    ("llama3_rope", "rope_parameters.original_max_position_embeddings", _DELETE,
+     "rope_parameters.original_max_position_embeddings"),
+    ("llama3_rope", "rope_parameters.partial_rotary_factor", 0.5, "partial_rotary_factor"),
+    ("llama3_rope", "rope_theta", 10000.0, "rope_theta"),  # disagrees with rope_parameters.rope_theta
+    ("llama3_rope", "hidden_act", "gelu", "hidden_act"),
+    ("llama3_rope", "logit_scale", 0.5, "'logit_scale'"),
+    ("qwen3_yarn", "rope_parameters.truncate", "yes", "truncate"),
+    ("qwen3_yarn", "rope_parameters.short_factor", [1.0], "rope_parameters.short_factor"),
+    ("gemma3_linear", "attn_logit_softcapping", 50.0, "attn_logit_softcapping"),
+    ("gemma3_linear", "use_bidirectional_attention", True, "use_bidirectional_attention"),
+    ("gemma3_linear", "hidden_activation", "gelu", "hidden_activation"),
+    ("gemma3_linear", "rope_parameters.full_attention.rope_type", "yarn",
+     "rope_parameters.full_attention.original_max_position_embeddings"),
+    ("gemma4_per_layer", "per_layer_config.1.intermediate_size", 10, "per_layer_config.1.intermediate_size"),
+    ("gemma4_per_layer", "per_layer_config.9", {"head_dim": 32}, "per_layer_config key '9'"),
+    ("gemma4_per_layer", "use_bidirectional_attention", "all", "use_bidirectional_attention"),
+    ("gemma4_per_layer", "attention_bias", True, "attention_bias"),
+    ("gemma4_per_layer", "global_head_dim", 64, "global_head_dim = 64 disagrees"),
+    ("gemma4_per_layer", "rope_theta", 10000.0, "'rope_theta'"),
+]
+
+
+@pytest.mark.parametrize("case,key,value,named", REFUSED, ids=[f"{c}-{k}" for c, k, v, _ in REFUSED])
+def test_unhandled_number_changing_key_is_refused_by_name(tmp_path, capsys, case, key, value, named):
+    cfg = transformers_config(case)
+    w = refs.weights(cfg)
+    _set(cfg, key, value if value is _DELETE else copy.deepcopy(value))
+    path = write(tmp_path / "ck", cfg, w)
+    with pytest.raises(ConfigError) as e:
+        workbench.load(path)
+    assert named in str(e.value) and "\n" not in str(e.value)
+    # inspect: the same sentence, one bad-config error
+    r = workbench.inspect(path)
+    assert not r.ok and [p.code for p in r.errors] == ["bad-config"]
+    assert named in r.errors[0].message
+    # a command that loads the model: one line on stderr naming it, exit 2
+    capsys.readouterr()
+    assert main(["hunt", str(path), "--ids", "1,2,3"]) == 2
+    err = capsys.readouterr().err
+    assert named in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_harmless_keys_transformers_writes_are_accepted():
+    """Every key of every config class transformers writes for our families, at its
+    default, is read or knowingly ignored (a full to_dict, not only the diff)."""
+    import transformers
+
+    for cls, fam in (("LlamaConfig", "llama"), ("MistralConfig", "llama"), ("Qwen2Config", "llama"),
+                     ("Qwen3Config", "qwen3"), ("Gemma3TextConfig", "gemma3_text"),
+                     ("Gemma4TextConfig", "gemma4_text")):
+        d = json.loads(getattr(transformers, cls)(num_hidden_layers=6).to_json_string(use_diff=False))
+        a = build_arch(d)
+        assert a.family == fam and a.num_layers == 6, cls
+        assert set(d) <= KEYS[fam].handled | KEYS[fam].ignored | set(KEYS[fam].only) | \
+            __import__("workbench.checkpoint.arch", fromlist=["COMMON_IGNORED"]).COMMON_IGNORED
+
+
+@pytest.mark.parametrize("arch", ["gemma4_text", "gemma4_moe", "gemma4_kv", "gemma4", "gemma3_text", "gemma3",
+                                  "qwen3", "llama"])
+def test_zoo_and_demo_configs_still_load(tmp_path, arch):
+    from workbench import zoo
+
+    model = workbench.load(zoo.build(arch, tmp_path / arch, dtype="float32"))
+    assert np.isfinite(np.array(model(IDS[:, :4]))).all()
+    assert workbench.load(Path(__file__).parent.parent / "assets" / "demo").family == "gemma4_text"
+
+
+def test_load_checks_every_shape_first(tmp_path):
+    """A config that does not fit the tensors is refused before anything runs, with
+    inspect's message (the issue's per_layer_config case: a reshape error deep inside)."""
+    cfg = transformers_config("gemma4_per_layer")
+    w = refs.weights(cfg)
+    cfg["per_layer_config"]["3"]["head_dim"] = 16  # layer 3's tensors are for 32
+    cfg["per_layer_config"]["1"]["head_dim"] = 16
+    path = write(tmp_path / "ck", cfg, w)
+    first = workbench.inspect(path).errors[0]
+    assert first.code == "shape-mismatch" and "layers.1.self_attn" in first.message
+    with pytest.raises(CheckpointMismatch) as e:
+        workbench.load(path)
+    assert first.message in str(e.value) and "\n" not in str(e.value)
+
+
+# ---------------------------------------------------------------- any value: a model or one clear line
+
+_FIELDS = {
+    "llama3_rope": ["num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size",
+                    "intermediate_size", "vocab_size", "rms_norm_eps", "rope_parameters.rope_theta",
+                    "rope_parameters.factor", "rope_parameters.low_freq_factor",
+                    "rope_parameters.original_max_position_embeddings", "tie_word_embeddings"],
+    "gemma3_linear": ["num_hidden_layers", "num_key_value_heads", "head_dim", "sliding_window",
+                      "query_pre_attn_scalar", "rope_parameters.full_attention.factor",
+                      "rope_parameters.sliding_attention.rope_theta", "final_logit_softcapping", "layer_types"],
+    "gemma4_per_layer": ["num_hidden_layers", "num_kv_shared_layers", "hidden_size_per_layer_input",
+                         "per_layer_config.1.head_dim", "per_layer_config.3.num_key_value_heads",
+                         "rope_parameters.full_attention.partial_rotary_factor", "final_logit_softcapping",
+                         "attention_k_eq_v", "sliding_window", "per_layer_config"],
+    "qwen3_yarn": ["rope_parameters.factor", "rope_parameters.beta_fast", "rope_parameters.attention_factor",
+                   "max_window_layers", "use_sliding_window", "sliding_window"],
+}
+_VALUES = st.one_of(
+    st.sampled_from([0, -1, -7, 1, 2, 3, 16, 32, 10 ** 9, 2 ** 40, True, False, None, "8", [], {}, [1, 2],
+                     0.0, -0.5, 0.5, 1.0, 1e-12, 1e300, float("nan"), float("inf"), float("-inf")]),
+    st.integers(-4, 300), st.floats(allow_nan=True, allow_infinity=True))
+
+
+@pytest.fixture(scope="module")
+def base_dirs(tmp_path_factory):
+    """One weights file per case; examples only rewrite config.json beside a link to it."""
+    out = {}
+    for case in _FIELDS:
+        out[case] = write(tmp_path_factory.mktemp(case), transformers_config(case))
+    return out
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_any_config_value_gives_a_model_or_one_clear_line(base_dirs, tmp_path_factory, data):
+    case = data.draw(st.sampled_from(sorted(_FIELDS)))
+    key = data.draw(st.sampled_from(_FIELDS[case]))
+    value = data.draw(_VALUES)
+    cfg = transformers_config(case)
+    _set(cfg, key, value)
+    d = tmp_path_factory.mktemp("ex")
+    (d / "model.safetensors").symlink_to(base_dirs[case] / "model.safetensors")
+    (d / "config.json").write_text(json.dumps(cfg))
+    t0 = time.perf_counter()
+    try:
+        model = workbench.load(d)
+    except (ConfigError, CheckpointMismatch) as e:
+        msg = str(e)
+        assert "\n" not in msg and msg
+        # the field is named, or (a value that changes shapes) the tensor that no longer fits
+        assert key.split(".")[-1] in msg or "layer_types" in msg or isinstance(e, CheckpointMismatch) or \
+            "num_attention_heads" in msg or "num_kv_shared_layers" in msg or "num_hidden_layers" in msg, msg
+    else:
+        out = np.array(model(IDS[:, :6]))
+        assert out.shape[:2] == (1, 6)
+    assert time.perf_counter() - t0 < 20
+
+
+def test_huge_layer_count_is_refused_before_allocating():
+    cfg = transformers_config("llama3_rope")
+    cfg["num_hidden_layers"] = 10 ** 9
+    tracemalloc.start()
+    try:
+        with pytest.raises(ConfigError, match="num_hidden_layers"):
+            build_arch(cfg)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 10 * 2 ** 20
