@@ -335,3 +335,17 @@ def test_huge_layer_count_is_refused_before_allocating():
     finally:
         tracemalloc.stop()
     assert peak < 10 * 2 ** 20
+
+
+def test_clip_bound_infinities_are_not_value_errors(tmp_path):
+    """transformers' clippable linears store +Inf upper / -Inf lower bounds for "no clipping":
+    inspect --values accepts exactly those, and still reports NaN or a wrong-signed infinity."""
+    text = transformers_config("gemma4_per_layer")
+    w = {"language_model.model." + n: v for n, v in refs.weights(text).items()}
+    tower = "audio_tower.layers.0.self_attn.q_proj"
+    for suffix, v in (("input_max", np.inf), ("input_min", -np.inf), ("output_max", np.nan), ("output_min", np.inf)):
+        w[f"{tower}.{suffix}"] = np.array([v], np.float32)
+    path = write(tmp_path / "mm", _wrap(text, None), w, prefix="")
+    r = workbench.inspect(path, values=True, progress=False)
+    assert sorted(p.tensor for p in r.errors if p.code == "nonfinite-values") == \
+        [f"{tower}.output_max", f"{tower}.output_min"]
