@@ -301,9 +301,10 @@ def _check_arch(cx: _Ctx, report: Report):
     report.quantization = q
     # MoE summary
     if a.moe:
-        lays = sorted({N.layer_of(n) for n in present if ".experts." in n} - {None})
+        lays = sorted({e.layer for e in exp.values() if e.kind == "experts" and e.name in present} - {None})
         hf = any(ti.source_name.endswith(".gate_up_proj") for n, ti in present.items() if ".experts." in n)
-        eq = ck.quant_of("layers.0.experts.switch_glu.gate_proj") if lays else None
+        first = next((e for e in exp.values() if e.kind == "experts"), None)  # (any architecture's)
+        eq = ck.quant_of(first.module) if lays and first else None
         report.moe = dict(a.moe, layout="fused gate_up_proj (Hugging Face)" if hf else "switch_glu (MLX)",
                           layers=len(lays), expert_quantization=str(eq) if eq else None,
                           router_quantization=str(ck.quant_of("layers.0.router.proj") or "") or None)
@@ -558,22 +559,11 @@ def _scan_values(cx: _Ctx, report: Report, progress, chunk_bytes):
         ti = ck.tensors[name]
         d = s.to_dict()
         bad = d["nan"] + d["posinf"] + d["neginf"]
-        if bad and not _no_clip_bound(name, d):
+        if bad:
             cx.add("nonfinite-values", "error",
                    f"{name} holds {d['nan']} NaN, {d['posinf']} +Inf, {d['neginf']} -Inf of {d['count']} values"
                    f"{' (after dequantization)' if name in qinfo else ''}", tensor=name, file=ti.file)
     return stats, qinfo
-
-
-#: clip bounds (transformers' Gemma4ClippableLinear buffers): +Inf as an upper bound or -Inf
-#: as a lower bound means "no clipping", a legitimate value
-_CLIP_BOUNDS = {"input_max": "posinf", "output_max": "posinf", "input_min": "neginf", "output_min": "neginf"}
-
-
-def _no_clip_bound(name: str, d: dict) -> bool:
-    """True when a tensor's only non-finite values are a clip bound's "no clipping" infinity."""
-    sign = _CLIP_BOUNDS.get(name.rsplit(".", 1)[-1])
-    return sign is not None and d["nan"] == 0 and d["posinf" if sign == "neginf" else "neginf"] == 0
 
 
 _TLS = threading.local()

@@ -1,0 +1,341 @@
+"""`inspect` on architectures it has no hand-written table for: the expected tensors come from
+the reference model class itself (workbench/checkpoint/reference_arch.py).
+
+Tiny checkpoints are written by mlx-lm's own classes (workbench.zoo.reference); a removed
+tensor must be reported missing, a renamed one misnamed, a wrong shape mis-shaped, and a
+quantized checkpoint must inspect clean.  Real-size configs build their tensor list without
+allocating.
+"""
+from __future__ import annotations
+
+import gc
+import importlib
+import json
+import math
+import sys
+
+import pytest
+
+import workbench  # noqa: F401  (fast BLAS before mlx.core)
+import mlx.core as mx
+
+from workbench import registry
+from workbench.checkpoint import arch as A
+from workbench.checkpoint.inspect import inspect
+from workbench.checkpoint.reference_arch import reference_tensors
+from workbench.zoo import reference as zr
+
+ALL = list(zr.ARCHS)
+#: architectures with no hand-written table: their expected tensors are the reference's
+REFERENCE_ONLY = [a for a in ALL if registry.table_family(zr.ARCHS[a]) is None]
+
+
+def test_archs_cover_the_issue_list():
+    for a in ("phi3", "mixtral", "starcoder2", "olmo2", "deepseek_v3", "qwen3_moe", "gpt_oss"):
+        assert a in REFERENCE_ONLY
+    assert "gemma3n" in ALL and "qwen2" in ALL
+
+
+def test_one_registry():
+    import workbench.models as M
+
+    ops = {t: m.FAMILY for m in M.FAMILIES.values() for t in m.MODEL_TYPES}
+    assert registry.OP_FAMILIES == ops
+    assert A.FAMILIES is registry.TABLE_FAMILIES
+    assert set(ops.items()) <= set(A.FAMILIES.items())
+    assert A.family_of({"model_type": "qwen2"}) == "llama" == registry.op_family({"model_type": "qwen2"})
+    assert A.family_of({"model_type": "phi3"}) is None
+    assert A.build_arch(dict(zr.ARCHS["phi3"])).family == "phi3"
+
+
+# ------------------------------------------------------------------ tiny checkpoints
+def _rewrite(path, change):
+    """Apply ``change(weights: dict)`` to the checkpoint's model.safetensors."""
+    f = path / "model.safetensors"
+    w = dict(mx.load(str(f)))
+    change(w)
+    f.unlink()
+    mx.save_safetensors(str(f), w, metadata={"format": "mlx"})
+
+
+def _layer1(w, pred):
+    names = sorted(n for n in w if ".layers.1." in n and pred(n, w[n]))
+    assert names, "no layer-1 tensor to break"
+    return names[0]
+
+
+def _errors(r):
+    return [p for p in r.problems if p.severity == "error"]
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ref")
+    cache = {}
+
+    def get(arch, **kw):
+        key = (arch, tuple(sorted(kw.items())))
+        if key not in cache:
+            d = root / f"{arch}-{len(cache)}"
+            cache[key] = zr.write(d, zr.ARCHS[arch], tokenizer=False, **kw)
+        return cache[key]
+    return get
+
+
+def _copy(src, dest):
+    dest.mkdir()
+    for f in src.iterdir():
+        (dest / f.name).write_bytes(f.read_bytes())
+    return dest
+
+
+@pytest.mark.parametrize("arch", ALL)
+def test_clean_checkpoint_inspects_clean(arch, clean):
+    r = inspect(clean(arch))
+    assert r.ok and not r.problems, [p.message for p in r.problems]
+    fam = registry.table_family(zr.ARCHS[arch])
+    if fam is None:  # from the reference: named by its module, every tensor accounted for
+        assert r.model_type == arch
+    assert r.num_layers == 2
+
+
+@pytest.mark.parametrize("arch", ALL)
+def test_removed_tensor_is_missing(arch, clean, tmp_path):
+    p = _copy(clean(arch), tmp_path / "ck")
+    gone = []
+
+    def drop(w):
+        n = _layer1(w, lambda n, v: n.endswith(".weight") and v.ndim == 2)
+        gone.append(n)
+        del w[n]
+    _rewrite(p, drop)
+    r = inspect(p)
+    errs = _errors(r)
+    assert [(e.code, e.tensor) for e in errs] == [("missing-tensor", gone[0])], [e.message for e in errs]
+    assert errs[0].layer == 1
+
+
+@pytest.mark.parametrize("arch", ALL)
+def test_renamed_tensor_is_misnamed(arch, clean, tmp_path):
+    p = _copy(clean(arch), tmp_path / "ck")
+    names = []
+
+    def rename(w):
+        n = _layer1(w, lambda n, v: ".self_attn." in n and n.endswith("proj.weight")) \
+            if any(".self_attn." in k and k.endswith("proj.weight") for k in w) else \
+            _layer1(w, lambda n, v: n.endswith("proj.weight"))
+        mod = n.rsplit(".", 2)[1]
+        new = n.replace(f".{mod}.weight", ".query.weight")
+        names.extend([n, new])
+        w[new] = w.pop(n)
+    _rewrite(p, rename)
+    r = inspect(p)
+    old, new = names
+    got = {(e.code, e.tensor): e for e in _errors(r)}
+    assert set(got) == {("missing-tensor", old), ("unexpected-tensor", new)}, [e.message for e in _errors(r)]
+    assert "misnamed" in got[("unexpected-tensor", new)].message
+    assert got[("unexpected-tensor", new)].suggestion == old
+    assert got[("missing-tensor", old)].suggestion == new
+
+
+@pytest.mark.parametrize("arch", ALL)
+def test_wrong_shape_is_mis_shaped(arch, clean, tmp_path):
+    p = _copy(clean(arch), tmp_path / "ck")
+    hit = []
+
+    def cut(w):
+        n = _layer1(w, lambda n, v: n.endswith(".weight") and v.ndim >= 2 and v.shape[0] > 1)
+        hit.append((n, w[n].shape))
+        w[n] = w[n][:-1]
+    _rewrite(p, cut)
+    r = inspect(p)
+    errs = _errors(r)
+    n, shape = hit[0]
+    assert [(e.code, e.tensor) for e in errs] == [("shape-mismatch", n)], [e.message for e in errs]
+    assert f"expected {list(shape)}" in errs[0].message
+
+
+@pytest.mark.parametrize("arch", ALL)
+def test_quantized_checkpoint_inspects_clean(arch, clean):
+    p = clean(arch, quant="affine4")
+    cfg = json.loads((p / "config.json").read_text())
+    assert cfg["quantization"]["bits"] == 4
+    r = inspect(p)
+    assert r.ok and not r.problems, [p_.message for p_ in r.problems]
+    assert r.quantization["quantized_modules"] > 0
+    # (a model's quant_predicate may keep some modules at other specs: config.json's overrides,
+    # which inspect holds every packed weight to)
+    assert "affine 4-bit g32" in r.quantization["specs"]
+    assert sum(r.quantization["specs"].values()) == r.quantization["quantized_modules"]
+
+
+@pytest.mark.parametrize("arch,width,layers", [("mixtral", 128, 2), ("deepseek_v3", 32, 1), ("gpt_oss", 64, 2)])
+def test_moe_summary_from_the_reference(arch, width, layers, clean):
+    r = inspect(clean(arch, quant="affine4"))
+    m = r.moe
+    assert (m["num_experts"], m["top_k"], m["moe_intermediate_size"], m["layers"]) == (4, 2, width, layers)
+    assert m["expert_quantization"] == "affine 4-bit g32"
+    assert "MoE: 4 experts, top-2" in r.render()
+
+
+@pytest.mark.parametrize("arch", ["phi3", "mixtral", "deepseek_v3"])
+def test_quantized_scales_removed_is_reported(arch, clean, tmp_path):
+    p = _copy(clean(arch, quant="affine4"), tmp_path / "ck")
+    hit = []
+
+    def drop(w):
+        n = _layer1(w, lambda n, v: n.endswith(".scales"))
+        hit.append(n[: -len(".scales")] + ".weight")
+        del w[n]
+    _rewrite(p, drop)
+    r = inspect(p)
+    assert [(e.code, e.tensor) for e in _errors(r)] == [("quantization-mismatch", hit[0])]
+
+
+def test_tied_lm_head_that_sanitize_drops_may_be_present(tmp_path):
+    """qwen3_moe's sanitize drops an lm_head when the embeddings are tied: present, it is
+    not unexpected; a model without that sanitize rule (starcoder2) reports it."""
+    cfg = dict(zr.ARCHS["qwen3_moe"], tie_word_embeddings=True)
+    p = zr.write(tmp_path / "q", cfg, tokenizer=False)
+    assert inspect(p).ok
+    _rewrite(p, lambda w: w.__setitem__("lm_head.weight", w["model.embed_tokens.weight"]))
+    r = inspect(p)
+    assert r.ok and not r.problems, [x.message for x in r.problems]
+    cfg = dict(zr.ARCHS["starcoder2"], tie_word_embeddings=True)
+    p = zr.write(tmp_path / "s", cfg, tokenizer=False)
+    _rewrite(p, lambda w: w.__setitem__("lm_head.weight", w["model.embed_tokens.weight"]))
+    r = inspect(p)
+    assert [(e.code, e.tensor) for e in _errors(r)] == [("unexpected-tensor", "lm_head.weight")]
+
+
+# ------------------------------------------------------------------ agreement with the tables
+def _tables():
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    from models_tiny import CONFIGS
+    from workbench.zoo import ARCHS, INSPECT_ONLY_ARCHS, base_config
+
+    out = [(f"tiny:{k}", v) for k, v in CONFIGS.items()]
+    out += [(f"zoo:{k}", base_config(k)) for k in ARCHS + INSPECT_ONLY_ARCHS]
+    out += [(f"ref:{k}", zr.ARCHS[k]) for k in ALL if registry.table_family(zr.ARCHS[k])]
+    return out
+
+
+@pytest.mark.parametrize("label,config", _tables(), ids=lambda x: x if isinstance(x, str) else "")
+def test_hand_written_tables_agree_with_mlx_lm(label, config):
+    """Every tensor mlx-lm's model has is in our table with the same shape and
+    quantizability; every tensor the table requires is in mlx-lm's model.  What only the
+    table has is optional (what it adds: KV-shared k/v that Hugging Face ships, ...)."""
+    table = A.build_arch(config)
+    ref = reference_tensors(config, library="mlx_lm")
+    for n, t in ref.tensors.items():
+        e = table.expected.get(n)
+        assert e is not None, f"{label}: {n} is in mlx-lm's model but not in the table"
+        assert e.shape == t.shape, f"{label}: {n} {e.shape} vs mlx-lm {t.shape}"
+        assert e.quantizable == (t.kind in ("linear", "embedding", "experts")), (label, n, e.kind, t.kind)
+    extra = [n for n, e in table.expected.items() if n not in ref.tensors and not e.optional]
+    assert not extra, f"{label}: the table requires tensors mlx-lm's model does not have: {extra[:5]}"
+
+
+def test_gemma3n_from_mlx_lm_and_mlx_vlm():
+    """Gemma 3n: mlx-lm's model and the table agree (test above); mlx-vlm's builds the same
+    language-model tensors when every layer has the same intermediate size, and the
+    towers' parameters are not language-model tensors."""
+    from workbench.zoo import base_config
+
+    cfg = base_config("gemma3n")
+    cfg["text_config"]["intermediate_size"] = [128] * cfg["text_config"]["num_hidden_layers"]
+    table = A.build_arch(cfg)
+    vlm = reference_tensors(cfg)  # towers in the config: mlx-vlm
+    assert vlm.library == "mlx_vlm" and vlm.family == "gemma3n"
+    assert {n: t.shape for n, t in vlm.tensors.items()} == {n: e.shape for n, e in table.expected.items()}
+    assert not any(n.startswith(("vision_tower", "audio_tower", "embed_")) and "embed_tokens" not in n
+                   for n in vlm.tensors)
+
+
+# ------------------------------------------------------------------ bad configs
+def _write_cfg(tmp_path, cfg, src):
+    d = _copy(src, tmp_path / "ck")
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def test_config_the_reference_cannot_build_is_bad_config(clean, tmp_path):
+    cfg = dict(zr.ARCHS["phi3"], num_attention_heads="four")
+    r = inspect(_write_cfg(tmp_path, cfg, clean("phi3")))
+    errs = _errors(r)
+    assert [e.code for e in errs] == ["bad-config"]
+    assert "'num_attention_heads'" in errs[0].message and "mlx-lm's phi3" in errs[0].message
+
+
+def test_config_with_a_zero_count_names_it(clean, tmp_path):
+    cfg = dict(zr.ARCHS["starcoder2"], num_attention_heads=0)
+    r = inspect(_write_cfg(tmp_path, cfg, clean("starcoder2")))
+    errs = _errors(r)
+    assert [e.code for e in errs] == ["bad-config"] and "num_attention_heads=0" in errs[0].message
+
+
+def test_implausible_layer_count_is_refused_before_building(clean, tmp_path):
+    cfg = dict(zr.ARCHS["olmo2"], num_hidden_layers=10**6)
+    r = inspect(_write_cfg(tmp_path, cfg, clean("olmo2")))
+    errs = _errors(r)
+    assert [e.code for e in errs] == ["bad-config"] and "'num_hidden_layers'" in errs[0].message
+
+
+def test_unknown_model_type_is_a_warning(clean, tmp_path):
+    cfg = dict(zr.ARCHS["olmo2"], model_type="no_such_model")
+    r = inspect(_write_cfg(tmp_path, cfg, clean("olmo2")))
+    bad = [p for p in r.problems if p.code == "bad-config"]
+    assert [p.severity for p in bad] == ["warning"] and "'no_such_model'" in bad[0].message
+
+
+# ------------------------------------------------------------------ real-size configs
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+BIG = {
+    # Qwen2.5-32B's shape
+    "qwen2": dict(model_type="qwen2", hidden_size=5120, num_hidden_layers=64, intermediate_size=27648,
+                  num_attention_heads=40, num_key_value_heads=8, rms_norm_eps=1e-6, vocab_size=152064,
+                  rope_theta=1e6, tie_word_embeddings=False),
+    # DeepSeek-V3's shape (671B parameters)
+    "deepseek_v3": dict(model_type="deepseek_v3", vocab_size=129280, hidden_size=7168, intermediate_size=18432,
+                        moe_intermediate_size=2048, num_hidden_layers=61, num_attention_heads=128,
+                        num_key_value_heads=128, n_shared_experts=1, n_routed_experts=256, routed_scaling_factor=2.5,
+                        kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128,
+                        qk_nope_head_dim=128, topk_method="noaux_tc", scoring_func="sigmoid", norm_topk_prob=True,
+                        n_group=8, topk_group=4, num_experts_per_tok=8, moe_layer_freq=1, first_k_dense_replace=3,
+                        rms_norm_eps=1e-6, rope_theta=10000),
+}
+
+
+@pytest.mark.parametrize("name", list(BIG))
+def test_real_size_config_builds_without_allocating(name):
+    cfg = BIG[name]
+    importlib.import_module(f"mlx_lm.models.{name}")  # the import itself is not the build
+    reference_tensors(zr.ARCHS["phi3"])  # nor the first-use costs of mlx
+    gc.collect()
+    mx.reset_peak_memory()
+    before = _rss_mb()
+    ref = reference_tensors(cfg, library="mlx_lm")
+    grew = _rss_mb() - before
+    params = sum(math.prod(t.shape) for t in ref.tensors.values())
+    assert params > 31e9
+    assert grew < 200, f"building {name}'s tensor list grew RSS by {grew:.0f} MB"
+    assert mx.get_peak_memory() < 64 << 20
+    assert ref.num_layers == cfg["num_hidden_layers"]
+    emb = ref.tensors["embed_tokens.weight"]
+    assert emb.shape == (cfg["vocab_size"], cfg["hidden_size"]) and emb.kind == "embedding"
+
+
+def test_building_leaves_the_random_state_alone():
+    mx.random.seed(7)
+    a = mx.random.uniform(shape=(4,))
+    mx.random.seed(7)
+    reference_tensors(zr.ARCHS["mixtral"])
+    b = mx.random.uniform(shape=(4,))
+    assert mx.array_equal(a, b)
