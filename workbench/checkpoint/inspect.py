@@ -559,11 +559,22 @@ def _scan_values(cx: _Ctx, report: Report, progress, chunk_bytes):
         ti = ck.tensors[name]
         d = s.to_dict()
         bad = d["nan"] + d["posinf"] + d["neginf"]
-        if bad:
+        if bad and not _no_clip_bound(name, d):
             cx.add("nonfinite-values", "error",
                    f"{name} holds {d['nan']} NaN, {d['posinf']} +Inf, {d['neginf']} -Inf of {d['count']} values"
                    f"{' (after dequantization)' if name in qinfo else ''}", tensor=name, file=ti.file)
     return stats, qinfo
+
+
+#: clip bounds (transformers' Gemma4ClippableLinear buffers): +Inf as an upper bound or -Inf
+#: as a lower bound means "no clipping", a legitimate value
+_CLIP_BOUNDS = {"input_max": "posinf", "output_max": "posinf", "input_min": "neginf", "output_min": "neginf"}
+
+
+def _no_clip_bound(name: str, d: dict) -> bool:
+    """True when a tensor's only non-finite values are a clip bound's "no clipping" infinity."""
+    sign = _CLIP_BOUNDS.get(name.rsplit(".", 1)[-1])
+    return sign is not None and d["nan"] == 0 and d["posinf" if sign == "neginf" else "neginf"] == 0
 
 
 _TLS = threading.local()
