@@ -155,3 +155,15 @@ def test_plots_on_a_module_level_trace(model):
     plots.residual_norm_plot(t)
     with pytest.raises(ValueError, match="module-level"):
         logit_lens(t)
+
+
+def test_the_model_is_the_entry_point(model, tmp_path):
+    from workbench import zoo
+
+    op_model = workbench.load(zoo.build("llama", tmp_path / "llama"))
+    for m, ids in ((op_model, [1, 2, 3]), (model, IDS)):
+        a, b = m.trace(ids), workbench.trace(m, ids)
+        a.run()
+        b.run()
+        assert type(a) is type(b) and a.ops == b.ops
+        assert mx.array_equal(a.logits, b.logits)

@@ -647,6 +647,11 @@ class Model:
     def feeds(self, ids, attention_mask=None, cache: KVCache | None = None) -> dict:
         return make_feeds(ids, attention_mask, cache, self._windows, self.vocab_size)
 
+    def trace(self, ids_or_text, capture="stats", dtype=None, **kw):
+        """A :class:`~workbench.trace.tracer.Trace` of this model (``workbench.trace(model, ...)``)."""
+        from workbench.trace.tracer import trace
+        return trace(self, ids_or_text, capture=capture, dtype=dtype, **kw)
+
     def __call__(self, ids, attention_mask=None, cache=None, dtype=None) -> mx.array:
         """Logits [B, T, vocab] (uncaptured, lazy)."""
         from workbench.program import execute

@@ -245,6 +245,10 @@ class ReferenceModel:
         primary, _ = R.primary_array(out)
         return primary
 
+    def trace(self, ids_or_text, capture="stats", dtype=None, **kw) -> ModuleTrace:
+        """A :class:`ModuleTrace` of this model (``workbench.trace(model, ...)``)."""
+        return self.module_trace(ids_or_text, capture=capture, dtype=dtype, **kw)
+
     def module_trace(self, ids_or_text, capture="stats", dtype=None, breakpoints=None, interventions=None, *,
                      cache=None, attention_mask=None, pad_id=None, images=None, audio=None,
                      **kw) -> ModuleTrace:
