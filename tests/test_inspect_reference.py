@@ -208,6 +208,74 @@ def test_tied_lm_head_that_sanitize_drops_may_be_present(tmp_path):
     assert [(e.code, e.tensor) for e in _errors(r)] == [("unexpected-tensor", "lm_head.weight")]
 
 
+# ------------------------------------------------------------------ layouts the reference converts
+def _to_hf_experts(w):
+    """Mixtral's original Hugging Face layout: one w1 / w2 / w3 per expert, which mlx-lm's
+    sanitize stacks into switch_mlp.{gate,down,up}_proj."""
+    for k in [k for k in w if ".switch_mlp." in k]:
+        v = w.pop(k)
+        for hf, mlx in (("w1", "gate_proj"), ("w2", "down_proj"), ("w3", "up_proj")):
+            if f".{mlx}." in k:
+                for e in range(v.shape[0]):
+                    w[k.replace(f"switch_mlp.{mlx}", f"experts.{e}.{hf}")] = v[e]
+
+
+def test_hugging_face_layout_checked_through_sanitize(clean, tmp_path):
+    p = _copy(clean("mixtral"), tmp_path / "hf")
+    _rewrite(p, _to_hf_experts)
+    r = inspect(p)
+    assert r.ok and not r.problems, [x.message for x in r.problems]
+    assert any("sanitize converts them into 6 tensors" in n for n in r.notes), r.notes
+
+
+def test_hugging_face_layout_missing_expert(clean, tmp_path):
+    p = _copy(clean("mixtral"), tmp_path / "hf")
+    gone = "model.layers.1.block_sparse_moe.experts.3.w2.weight"
+    _rewrite(p, lambda w: (_to_hf_experts(w), w.pop(gone)))
+    errs = _errors(inspect(p))
+    assert [(e.code, e.tensor) for e in errs] == [("missing-tensor", gone)], [e.message for e in errs]
+
+
+def test_hugging_face_layout_mis_shaped_expert(clean, tmp_path):
+    p = _copy(clean("mixtral"), tmp_path / "hf")
+    bad = "model.layers.1.block_sparse_moe.experts.2.w2.weight"
+    _rewrite(p, lambda w: (_to_hf_experts(w), w.__setitem__(bad, w[bad][:-1])))
+    errs = _errors(inspect(p))
+    assert [(e.code, e.tensor) for e in errs] == [("shape-mismatch", bad)], [e.message for e in errs]
+    assert "[63, 128], but layer 0's has [64, 128]" in errs[0].message
+
+
+def test_hugging_face_layout_renamed_tensor_still_misnamed(clean, tmp_path):
+    p = _copy(clean("mixtral"), tmp_path / "hf")
+    old, new = "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.query.weight"
+    _rewrite(p, lambda w: (_to_hf_experts(w), w.__setitem__(new, w.pop(old))))
+    got = {(e.code, e.tensor) for e in _errors(inspect(p))}
+    assert got == {("missing-tensor", old), ("unexpected-tensor", new)}
+
+
+def test_sanitize_layout_of_a_real_size_checkpoint_allocates_nothing():
+    """Mixtral-8x22B's shapes in the Hugging Face layout (448 per-expert tensors of 100M
+    elements): placeholders only."""
+    from workbench.checkpoint.reference_arch import sanitized_layout
+
+    cfg = dict(model_type="mixtral", hidden_size=6144, num_hidden_layers=56, intermediate_size=16384,
+               num_attention_heads=48, num_key_value_heads=8, rms_norm_eps=1e-5, vocab_size=32768,
+               num_local_experts=8, num_experts_per_tok=2, rope_theta=1e6)
+    stored = {}
+    for i in range(56):
+        for e in range(8):
+            for n, shape in (("w1", (16384, 6144)), ("w2", (6144, 16384)), ("w3", (16384, 6144))):
+                stored[f"model.layers.{i}.block_sparse_moe.experts.{e}.{n}.weight"] = (shape, "BF16")
+    sanitized_layout(dict(zr.ARCHS["mixtral"]), {})  # first-use costs
+    gc.collect()
+    mx.reset_peak_memory()
+    before = _rss_mb()
+    lay = sanitized_layout(cfg, stored)
+    assert _rss_mb() - before < 200 and mx.get_peak_memory() < 64 << 20
+    assert lay.error is None and len(lay.consumed) == len(stored) and len(lay.produced) == 56 * 3
+    assert lay.produced["layers.3.block_sparse_moe.switch_mlp.down_proj.weight"][0] == (8, 6144, 16384)
+
+
 # ------------------------------------------------------------------ agreement with the tables
 def _tables():
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))

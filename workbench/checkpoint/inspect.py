@@ -20,8 +20,10 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
+from workbench import registry
 from workbench.checkpoint import names as N
 from workbench.checkpoint.quant import infer
+from workbench.checkpoint.reference_arch import check_layout
 from workbench.checkpoint.reader import Checkpoint, CheckpointError, Problem, open_checkpoint  # noqa: F401
 from workbench.checkpoint.sfile import DTYPE_BITS
 
@@ -139,7 +141,15 @@ def _check_arch(cx: _Ctx, report: Report):
         if e.kind == "experts":  # nvfp4 switch layers may carry one tensor scale per expert
             quant_names.add(mod + ".global_scale")
     unexpected = [n for n in present if n not in exp and n not in quant_names]
-    missing = [e for e in exp.values() if not e.optional and e.name not in present and e.name not in covered]
+    made = set()
+    if unexpected and registry.table_family(ck.config) is None:  # a layout the reference converts?
+        lay = check_layout(ck.config, exp, present)
+        unexpected, made = [n for n in unexpected if n not in lay.consumed], lay.produced
+        for code, msg, tensor in lay.problems:
+            cx.add(code, "error", msg, tensor=tensor)
+        report.notes.extend(lay.notes)
+    missing = [e for e in exp.values() if not e.optional and e.name not in present and e.name not in covered
+               and e.name not in made]
     if blind:
         missing = []
         report.notes.append("a shard's header is unreadable and there is no index: missing tensors not listed")

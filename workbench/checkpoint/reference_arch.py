@@ -342,3 +342,206 @@ def _sanitize_knowledge(a: Reference, model, params) -> None:
         return
     if isinstance(out, Mapping) and key not in out:
         a.add("lm_head.weight", emb.shape, "linear", optional=True, ignored_if_present=True)
+
+
+# ---------------------------------------------------------------------- layouts the reference converts
+#: safetensors dtype -> mlx dtype name of a placeholder (FP8 as the bytes it is stored in)
+_PLACEHOLDER_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float32", "U32": "uint32",
+                       "U8": "uint8", "I8": "int8", "U16": "uint16", "I16": "int16", "I32": "int32",
+                       "I64": "int64", "U64": "uint64", "BOOL": "bool_", "F8_E4M3": "uint8", "F8_E5M2": "uint8",
+                       "F8_E8M0": "uint8"}
+
+
+class _Log(dict):
+    """The weights dict handed to ``sanitize``: remembers which names each new name was
+    made from (the names popped or read since the previous assignment)."""
+
+    def __init__(self, *a):
+        super().__init__(*a)
+        self.taken: list[str] = []
+        self.made: dict[str, list[str]] = {}
+
+    def pop(self, k, *default):
+        if k in self:
+            self.taken.append(k)
+        return super().pop(k, *default)
+
+    def __getitem__(self, k):
+        v = super().__getitem__(k)
+        self.taken.append(k)
+        return v
+
+    def __setitem__(self, k, v):
+        self.made[k] = self.taken
+        self.taken = []
+        super().__setitem__(k, v)
+
+
+@dataclass
+class Layout:
+    """How the reference's ``sanitize`` reads a checkpoint's language-model tensors."""
+    consumed: dict = field(default_factory=dict)  # stored name -> canonical names made from it
+    produced: dict = field(default_factory=dict)  # canonical name -> (float shape, [stored names])
+    error: str | None = None                      # why sanitize failed
+    missing: str | None = None                    # the stored name it needed and did not find
+    errors: list = field(default_factory=list)    # (error, missing) of every failing layer
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.produced) or self.error is not None
+
+
+def sanitized_layout(config: Mapping, stored: Mapping) -> Layout:
+    """Run the reference's ``sanitize`` over placeholders of a checkpoint's language-model
+    tensors (``stored``: name as stored -> (shape, safetensors dtype)) and report which
+    stored names it turns into which model names: the original Hugging Face layouts it
+    converts (per-expert weights stacked, fused projections split, ...).  Placeholders are
+    broadcast scalars: nothing real-size is read or allocated.
+
+    When sanitize fails on the whole checkpoint, it is run again layer by layer (with the
+    tensors outside layers and layer 0's, which some sanitizes test for): the failing
+    layers' errors are kept, and their tensors are taken as the other layers' were."""
+    try:
+        lib, name, model = build_model(config)
+    except ConfigError:
+        return Layout()
+    if not hasattr(model, "sanitize"):
+        return Layout()
+    who = f"{lib.replace('_', '-')}'s {name}"
+    out = _sanitize_once(model, stored, who)
+    if out.error is None:
+        return out
+    by_layer: dict = {}
+    for s in stored:
+        by_layer.setdefault(N.layer_of(s), []).append(s)
+    base = by_layer.pop(None, [])
+    if not by_layer or len(by_layer) > MAX_LAYERS:
+        return out
+    first = min(by_layer)
+    merged, failed = Layout(), {}
+    for i in sorted(by_layer):
+        names = base + by_layer[first] + (by_layer[i] if i != first else [])
+        part = _sanitize_once(model, {s: stored[s] for s in names}, who)
+        if part.error is not None:
+            failed[i] = part
+            continue
+        for canon, (shape, srcs) in part.produced.items():
+            if i == first or N.layer_of(canon) == i:
+                merged.produced[canon] = (shape, srcs)
+        for src, made in part.consumed.items():
+            if i == first or N.layer_of(src) == i:
+                merged.consumed[src] = made
+    if not failed or len(failed) == len(by_layer):
+        return out
+    # a failing layer's tensors: those named like the converted ones of the other layers
+    pat = lambda n: _LAYER_NUM.sub(".layers.#.", "." + n)  # noqa: E731
+    conv = {pat(s) for s in merged.consumed}
+    made = {pat(c): (shape, srcs) for c, (shape, srcs) in merged.produced.items()}
+    for i, part in sorted(failed.items()):
+        for s in by_layer[i]:
+            if pat(s) in conv:
+                merged.consumed.setdefault(s, [])
+        for p_, (shape, srcs) in made.items():
+            canon = p_.replace(".layers.#.", f".layers.{i}.", 1)[1:]
+            merged.produced.setdefault(canon, (None, []))
+        if merged.error is None:
+            merged.error, merged.missing = part.error, part.missing
+        odd = None
+        if part.missing is None:  # the tensor whose shape differs from the first layer's same-named one
+            ref = {pat(s): stored[s][0] for s in by_layer[first]}
+            odd = next((s for s in by_layer[i] if pat(s) in ref and tuple(stored[s][0]) != tuple(ref[pat(s)])), None)
+            if odd is not None:
+                part.error = (f"{odd} has shape {list(stored[odd][0])}, but layer {first}'s has "
+                              f"{list(ref[pat(odd)])}; {part.error}")
+        merged.errors.append((part.error, part.missing, odd))
+    return merged
+
+
+_LAYER_NUM = __import__("re").compile(r"\.layers\.\d+\.")
+
+
+def _sanitize_once(model, stored: Mapping, who: str) -> Layout:
+    import mlx.core as mx
+
+    out = Layout()
+    ph = _Log()
+    for n, (shape, dtype) in stored.items():
+        dt = getattr(mx, _PLACEHOLDER_DTYPES.get(dtype, "float32"))
+        dict.__setitem__(ph, n, _zeros(shape, dt))
+    keep = dict(ph)  # (alive: no new array can reuse a placeholder's id)
+    ph.taken = []
+    ident = {id(v): k for k, v in keep.items()}
+    try:
+        res = model.sanitize(ph)
+    except KeyError as e:
+        out.missing = str(e.args[0]) if e.args else None
+        out.error = f"{who}'s sanitize needs {out.missing!r} to convert this checkpoint's layout"
+        return out
+    except Exception as e:  # noqa: BLE001 - a sanitize that cannot take this checkpoint
+        msg = str(e).splitlines()[0][:160] if str(e) else ""
+        out.error = f"{who}'s sanitize cannot convert this checkpoint's layout ({type(e).__name__}" \
+                    f"{': ' + msg if msg else ''})"
+        return out
+    if not isinstance(res, Mapping):
+        return out
+    made = ph.made if res is ph else {}
+    for k, v in dict.items(res) if isinstance(res, dict) else res.items():
+        src = ident.get(id(v))
+        if src == k:
+            continue  # kept as stored
+        sources = [src] if src is not None else [s for s in made.get(k, []) if s in stored and s not in res]
+        cands = N.canonical(k)
+        if not cands or not sources:
+            continue
+        canon = cands[0][0]
+        out.produced[canon] = (tuple(int(s) for s in v.shape), sources)
+        for s in sources:
+            out.consumed.setdefault(s, []).append(canon)
+    dropped = [s for s in stored if s not in res and s not in out.consumed]
+    for s in dropped:  # read by sanitize and not kept (precomputed tables, unused heads)
+        out.consumed.setdefault(s, [])
+    return out
+
+
+@dataclass
+class LayoutCheck:
+    """What inspect takes from :func:`check_layout`."""
+    consumed: set = field(default_factory=set)    # canonical names of stored tensors sanitize converts
+    produced: set = field(default_factory=set)    # expected canonical names sanitize makes from them
+    problems: list = field(default_factory=list)  # (code, message, stored tensor name)
+    notes: list = field(default_factory=list)
+
+
+def check_layout(config: Mapping, expected: Mapping, present: Mapping) -> LayoutCheck:
+    """Check a checkpoint in a layout the reference converts when loading (the original
+    Hugging Face names of an architecture with no table here) against the expected tensors
+    *after* the reference's ``sanitize``.  ``present``: canonical name -> info with
+    ``source_name``, ``shape``, ``dtype`` (the reader's TensorInfo)."""
+    by_src = {}
+    for canon, ti in present.items():
+        by_src.setdefault(ti.source_name, (canon, ti))
+    lay = sanitized_layout(config, {s: (tuple(ti.shape), ti.dtype) for s, (_, ti) in by_src.items()})
+    out = LayoutCheck()
+    for error, missing, odd in lay.errors or ([(lay.error, lay.missing, None)] if lay.error else []):
+        out.problems.append(("missing-tensor" if missing else "shape-mismatch",
+                             error + ("" if missing or odd else ": a tensor has the wrong shape?"), missing or odd))
+    if not lay.produced:
+        return out
+    for src, made in lay.consumed.items():
+        out.consumed.add(by_src[src][0])
+    for canon, (shape, srcs) in lay.produced.items():
+        e = expected.get(canon)
+        floats = all(by_src[s][1].dtype in ("F32", "F16", "BF16") for s in srcs)
+        if e is None:
+            if not canon.endswith((".scales", ".biases")):
+                out.problems.append(("unexpected-tensor", f"{', '.join(srcs[:3])}{' ...' if len(srcs) > 3 else ''} "
+                                     f"become {canon}, which is not a tensor of this model", srcs[0]))
+            continue
+        out.produced.add(canon)
+        if shape is not None and floats and tuple(shape) != tuple(e.shape):
+            out.problems.append(("shape-mismatch", f"{', '.join(srcs[:3])}{' ...' if len(srcs) > 3 else ''} become "
+                                 f"{canon} of shape {list(shape)}, expected {list(e.shape)}", srcs[0]))
+    out.notes.append(f"{len(lay.consumed)} tensors are in a layout the reference converts when loading "
+                     f"(original Hugging Face names): checked as its sanitize converts them "
+                     f"into {len(lay.produced)} tensors")
+    return out
