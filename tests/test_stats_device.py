@@ -106,3 +106,60 @@ def test_large_outputs_are_reduced_in_pieces(monkeypatch):
             assert st[k] == ref[k], k
         assert st["mean"] == pytest.approx(ref["mean"], rel=1e-5) and st["std"] == pytest.approx(ref["std"], rel=1e-4)
     assert got[0]["masked"] == 13 and got[1]["nan"] == 1
+
+
+def test_host_statistics_thread_calls_no_mlx(monkeypatch):
+    """MLX streams belong to threads: the statistics thread must not use MLX (it gets numpy
+    views and floats); its results equal numpy's, for every dtype kind."""
+    import threading
+
+    caller = threading.current_thread()
+    used = []
+
+    class WatchedMLX:  # stats.py's ``mx``, noting every name looked up off the calling thread
+        def __getattr__(self, name):
+            if threading.current_thread() is not caller:
+                used.append((threading.current_thread().name, name))
+            return getattr(mx, name)
+
+    monkeypatch.setattr(S, "mx", WatchedMLX())
+    rng = np.random.default_rng(3)
+    a = (rng.standard_normal((8, 300)) * 5).astype(np.float32)
+    a[1, 2], a[3, 4] = np.nan, -np.inf
+    vals = [mx.array(a).astype(dt) for dt in (mx.float32, mx.bfloat16, mx.float16)]
+    vals.append(mx.array(rng.integers(-3, 3, 500), mx.int32))
+    p = S.Pending(vals, background=True, host=True)
+    got = p.result()
+    assert S.pool().submit(threading.current_thread).result() is not caller  # a thread of its own
+    assert used == []
+    for v, st in zip(vals, got):
+        h = np.array(v.astype(mx.float32)) if v.dtype != mx.int32 else np.array(v).astype(np.float64)
+        ref = _ref(h, v.dtype) if v.dtype != mx.int32 else None
+        if ref is None:
+            assert (st["min"], st["max"], st["nan"], st["headroom"]) == (h.min(), h.max(), 0, None)
+            continue
+        for k in ("nan", "posinf", "neginf", "min", "max", "zero_frac"):
+            assert st[k] == ref[k], (v.dtype, k)
+        assert st["mean"] == pytest.approx(ref["mean"], rel=1e-5)
+
+
+def test_arrays_of_another_thread_fail_with_a_reason():
+    """A lazy array is a node on the stream of the thread that built it; evaluating it on
+    another thread fails in MLX ("There is no Stream(cpu, 0) in current thread"), and the
+    statistics say why."""
+    import threading
+
+    lazy = mx.arange(4096, dtype=mx.float32) * 2  # built (not evaluated) on this thread
+    err = []
+
+    def other():
+        try:
+            S.Pending([lazy], background=False, host=True)
+        except RuntimeError as e:
+            err.append(str(e))
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert len(err) == 1 and "in current thread" in err[0] and "MLX streams belong to threads" in err[0]
+    assert S.evaluate([lazy])[0]["max"] == 8190.0  # on its own thread it evaluates

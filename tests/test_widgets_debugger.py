@@ -1,5 +1,9 @@
 """StepDebugger without a browser: click its buttons on real traces of a zoo checkpoint and
 read what it shows (HTML, images, the log Output widget)."""
+import asyncio
+import re
+import threading
+
 import numpy as np
 import pytest
 
@@ -29,8 +33,9 @@ def test_step_button_advances_and_shows_the_op(model):
     assert w.back_button.disabled and not w.step_button.disabled
     w.step_button.click()
     assert tr.position == 1
-    assert "<b>embed_tokens</b>" in w.current.value and "op 1 / " in w.current.value
-    assert "step → #0 embed_tokens [1, 6, 64]" in log_text(w)
+    assert "<b>embed_tokens</b>" in w.current.value and "<b>op #0</b>" in w.current.value
+    assert f"1 of {len(tr.ops)} ops run" in w.current.value and f"numbered #0 to #{len(tr.ops) - 1}" in w.current.value
+    assert "step → op #0 embed_tokens [1, 6, 64]" in log_text(w)
     assert bytes(w.heatmap.value).startswith(b"\x89PNG")
     st = tr.stats("embed_tokens")
     assert f"{st['absmax']:.4g}" in w.stats_html.value
@@ -38,7 +43,7 @@ def test_step_button_advances_and_shows_the_op(model):
     w.step_button.click()
     assert tr.position == 2 and tr.ops[1] in w.current.value
     w.back_button.click()
-    assert tr.position == 1 and "back ← undid " + tr.ops[1] in log_text(w)
+    assert tr.position == 1 and "back ← undid op #1 " + tr.ops[1] in log_text(w)
     assert "<b>embed_tokens</b>" in w.current.value
 
 
@@ -65,7 +70,7 @@ def test_stepping_through_the_widget_equals_running(model):
     w.end_button.click()
     assert tr.done and w.step_button.disabled and w.progress.value == len(tr.ops)
     np.testing.assert_array_equal(np.array(tr.logits), np.array(tr_ref.logits))
-    assert sorted(w._norms) == list(range(model.num_layers))
+    assert sorted(w._residual_norms()) == list(range(model.num_layers))
 
 
 def test_next_nonfinite_stops_and_explains(model):
@@ -103,7 +108,8 @@ def test_run_to_an_op_that_already_ran(model):
     w = StepDebugger(tr)
     w.run_to("layers.1")
     w.run_to("layers.0")
-    assert "layers.0 already ran" in log_text(w) and w.current_step.name == "layers.1"
+    i = tr.program.index("layers.0")
+    assert f"layers.0 (op #{i}) already ran" in log_text(w) and w.current_step.name == "layers.1"
 
 
 def test_float16_infinity_shows_overflow_and_unknown_bf16_headroom(model):
@@ -118,3 +124,95 @@ def test_float16_infinity_shows_overflow_and_unknown_bf16_headroom(model):
     # the heatmap draws the finite values and marks the infinity (colours clipped at a percentile)
     assert "99.5th percentile" in w.heatmap_note.value
     assert bytes(w.heatmap.value).startswith(b"\x89PNG")
+
+
+def _header(w):
+    """(op index, op name) the header shows, or None when nothing ran yet."""
+    m = re.search(r"<b>op #(\d+)</b>: <code[^>]*><b>([^<]+)</b>", w.current.value)
+    return (int(m.group(1)), m.group(2)) if m else None
+
+
+def test_one_op_numbering_in_header_log_and_hunt(model):
+    bad = "layers.1.mlp.down_proj"
+    tr = workbench.trace(model, IDS, capture="full", interventions=[inject(bad, float("nan"), index=2)])
+    w = StepDebugger(tr)
+    w.nonfinite_button.click()
+    i = tr.program.index(bad)
+    assert tr.steps[-1].index == i and _header(w) == (i, bad)
+    text = log_text(w)
+    assert f"→ op #{i} {bad}" in text  # the log
+    assert f"op {i})" in text  # the hunt's explanation (Finding) names the same number
+    w.step_button.click()
+    assert _header(w) == (i + 1, tr.ops[i + 1]) and f"step → op #{i + 1} {tr.ops[i + 1]}" in log_text(w)
+
+
+def _click_from(thread_name, btn):
+    """Click as ipykernel does for JupyterLab: on a subshell's own thread."""
+    t = threading.Thread(target=btn.click, name=thread_name)
+    t.start()
+    t.join()
+
+
+async def _handled(w, n, timeout=60.0):
+    """Let the widget's thread (this event loop) run the handed-over callbacks."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while w.actions.count < n:
+        assert loop.time() < end, f"callback not run ({w.actions.count} of {n} handled)"
+        await asyncio.sleep(0.01)
+
+
+def test_clicks_from_a_subshell_thread_run_on_the_widget_thread(model):
+    """The freeze: JupyterLab sends widget messages to a kernel subshell, handled on another
+    thread than the cells'.  The trace's lazy feeds and the model's lazily loaded weights
+    are MLX graph nodes on the main thread's stream, which that thread cannot evaluate
+    ("There is no Stream(cpu, 0) in current thread").  The clicks are handed to the widget's
+    thread; every one ends with the view on the trace's state and no error."""
+    fresh = workbench.load(model.path, dtype="float32")  # weights still lazy, as in a notebook
+    bad = "layers.2.mlp.down_proj"
+    ran_on = []
+
+    async def main():
+        tr = workbench.trace(fresh, IDS, capture="full", interventions=[inject(bad, float("nan"), index=3)])
+        w = StepDebugger(tr)
+        real_run = tr.run
+        tr.run = lambda *a, **k: (ran_on.append(threading.current_thread().name), real_run(*a, **k))[1]
+        w.run_to("layers.0.self_attn.softmax")  # a cell ran this on the main thread
+        n = 0
+        for btn, want in [(w.layer_button, "layers.0"), (w.nonfinite_button, bad), (w.end_button, "logits"),
+                          (w.back_button, tr.ops[-2])]:
+            _click_from("subshell-test", btn)
+            n += 1
+            await _handled(w, n)
+            assert w.actions.error is None, w.actions.error
+            s = tr.steps[-1]
+            assert s.name == want and _header(w) == (s.index, s.name)
+            assert w.progress.value == tr.position
+        w.target.value = "layers.3"
+        _click_from("subshell-test", w.run_to_button)
+        await _handled(w, n + 1)
+        assert w.actions.error is None and "layers.3 (op #" in log_text(w)
+        return tr
+
+    tr = asyncio.run(main())
+    assert set(ran_on) == {"MainThread"} and len(ran_on) > 4
+    assert tr.position == len(tr.ops) - 1
+
+
+def test_an_error_in_a_button_is_shown_in_the_widget(model):
+    def boom(v):
+        raise ValueError("planted failure")
+
+    tr = workbench.trace(model, IDS, capture="full", interventions={"layers.1.self_attn.o_proj": boom})
+    w = StepDebugger(tr)
+    assert "wb-error-none" in w.actions.area.value
+    w.end_button.click()  # no exception escapes the callback (ipywidgets would only log it)
+    err = w.actions.area.value
+    assert "run to end failed" in err and "planted failure" in err and "traceback" in err
+    assert w.actions.error is not None and 'data-actions=\'1\'' in err
+    # the view shows where the trace stopped, its buttons usable again
+    s = tr.steps[-1]
+    assert _header(w) == (s.index, s.name) and not w.back_button.disabled and not w.step_button.disabled
+    w.back_button.click()  # the next action that works clears the error
+    assert w.actions.error is None and "wb-error-none" in w.actions.area.value
+    assert _header(w) == (tr.steps[-1].index, tr.steps[-1].name)

@@ -124,3 +124,48 @@ def test_hazard_timeline_on_the_emulated_attnH_story(tmp_path):
     assert f">{h.buffer}<" in w.chart.value
     fixed = HazardTimeline(emu.run(emu.plan().place(o_proj, like=ctx).place(o_proj, buffer="attnH")).schedule)
     assert fixed.hazards == [] and ">attnH<" in fixed.chart.value
+
+
+def test_errors_in_callbacks_are_shown_in_the_widget(monkeypatch):
+    import workbench.plots
+
+    w = HazardTimeline(_schedule(alias=True))
+    monkeypatch.setattr(HazardTimeline, "svg", lambda self: 1 / 0)
+    w.window.value = (0, 1)
+    assert "move the event window failed" in w.actions.area.value and "ZeroDivisionError" in w.actions.area.value
+    monkeypatch.undo()
+    w.window.value = (0, 2)
+    assert w.actions.error is None and w.chart.value.startswith("<svg")
+
+    v = DiffView(_diff_report("layers.1.mlp"))
+    monkeypatch.setattr(workbench.plots, "error_curve", lambda *a, **k: (_ for _ in ()).throw(ValueError("no curve")))
+    v.metrics.value = ("max_abs",)
+    assert "pick metrics failed" in v.actions.area.value and "ValueError: no curve" in v.actions.area.value
+    v.show("layers.0.attn")  # picking an op still works, and clears the error
+    assert v.actions.error is None and _text(v.detail).startswith("layers.0.attn")
+
+
+def test_diff_view_callbacks_from_another_thread_run_on_its_thread():
+    """As ipykernel does for JupyterLab's subshells: the pick arrives on another thread and
+    is handed to the thread (event loop) that built the view."""
+    import asyncio
+    import threading
+
+    seen = []
+
+    async def main():
+        v = DiffView(_diff_report("layers.1.mlp"))
+        real = v._detail
+        v._detail = lambda: (seen.append(threading.current_thread().name), real())[1]
+        t = threading.Thread(target=lambda: setattr(v.op, "value", "layers.0.attn"), name="subshell-test")
+        t.start()
+        t.join()
+        for _ in range(500):
+            if v.actions.count:
+                break
+            await asyncio.sleep(0.01)
+        return v
+
+    v = asyncio.run(main())
+    assert seen == ["MainThread"] and v.actions.count == 1 and v.actions.error is None
+    assert _text(v.detail).startswith("layers.0.attn (engine 'blk_0.attn'): ok")

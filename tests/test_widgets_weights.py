@@ -56,3 +56,22 @@ def test_clean_quantized_checkpoint(tmp_path):
     assert len(_images(w.detail)) == 1  # dequantized for the histogram
     with pytest.raises(KeyError):
         w.select("no.such.tensor")
+
+
+def test_an_error_while_showing_a_tensor_is_shown_in_the_widget(misnamed, monkeypatch):
+    import workbench.plots
+
+    w = WeightBrowser(misnamed)
+    assert "wb-error-none" in w.actions.area.value
+
+    def broken(*a, **k):
+        raise RuntimeError("histogram exploded")
+
+    monkeypatch.setattr(workbench.plots, "weight_histogram", broken)
+    w.select("model.layers.1.mlp.down_prj.weight")  # picking a tensor: the histogram fails
+    err = w.actions.area.value
+    assert "failed</b>" in err and "RuntimeError: histogram exploded" in err and "wb-error-shown" in err
+    assert "BF16 [64, 128]" in _text(w.detail)  # what was drawn before the failure stays
+    monkeypatch.undo()
+    w.stat.value = "absmax"  # the next action that works clears it
+    assert w.actions.error is None and "wb-error-none" in w.actions.area.value

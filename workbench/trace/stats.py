@@ -12,6 +12,14 @@ its number of exact zeros:
   products for the sums), in a background thread; MLX's CPU reductions take a slower
   pass per statistic.  ``tests/test_trace_program.py`` checks that both paths agree.
 
+Threads: an MLX stream belongs to the thread that created it (MLX >= 0.31.2), and a lazy
+array can only be evaluated on the thread whose stream it was built on.  So every MLX call
+(``mx.eval``, the views, the dtype facts) happens on the calling thread, when the
+:class:`Pending` is made; the background thread gets numpy views and floats only.  A trace
+called from another thread than the one that built its model and feeds fails in
+``mx.eval``; :func:`eval_here` says so in words (the widgets hand their callbacks to the
+thread that built them, see ``workbench.widgets._actions``).
+
 Non-finite elements are counted per element (``isnan``, ``isposinf``, ``isneginf``),
 never inferred from a sum.  The float32 sum only decides *which* ops need counting: a
 NaN or an infinity anywhere in a tensor makes its sum NaN or infinite, so an op whose
@@ -93,14 +101,22 @@ def needs_exact(p: np.ndarray, dtype=None) -> bool:
     """Whether a packed row needs the exact pass: its min, max or sum is not finite (so
     it may hold NaN / Inf), or its min is the dtype's lowest finite value (mask fill,
     as in attention scores, which must not count as "close to overflow")."""
+    return _needs_exact(p, dtype_max(dtype) if dtype is not None else None)
+
+
+def _needs_exact(p: np.ndarray, dmax: float | None) -> bool:
     if not (math.isfinite(p[0]) and math.isfinite(p[1]) and math.isfinite(p[2])):
         return True
-    dmax = dtype_max(dtype) if dtype is not None else None
     return dmax is not None and p[0] == -dmax
 
 
 def finish(p: np.ndarray | None, n: int, dtype, e: np.ndarray | None = None) -> dict:
     """The stats dict from a packed row (and the exact row when one was needed)."""
+    return _finish(p, n, dtype_max(dtype), e)
+
+
+def _finish(p: np.ndarray | None, n: int, dmax: float | None, e: np.ndarray | None = None) -> dict:
+    """:func:`finish` given the dtype's largest finite value (None: not a float dtype)."""
     if p is None or n == 0:
         return {k: (0 if k in ("nan", "posinf", "neginf", "masked") else None) for k in KEYS}
     zeros = float(p[4])
@@ -120,7 +136,6 @@ def finish(p: np.ndarray | None, n: int, dtype, e: np.ndarray | None = None) -> 
     else:
         mean = std = absmax = float("nan")
         mn = mxv = float("nan")
-    dmax = dtype_max(dtype)
     if pinf or ninf:
         headroom = float("inf")
     elif dmax is None or not math.isfinite(absmax):
@@ -175,8 +190,8 @@ def host_view(v: mx.array) -> np.ndarray:
     return np.asarray(v).reshape(-1)
 
 
-def _as_f32(h: np.ndarray, dtype) -> np.ndarray:
-    if dtype == mx.bfloat16:
+def _as_f32(h: np.ndarray, bf16: bool) -> np.ndarray:
+    if bf16:  # bfloat16 bits (uint16) -> float32
         return (h.astype(np.uint32) << 16).view(np.float32)
     if h.dtype != np.float32:
         return h.astype(np.float32)
@@ -193,13 +208,12 @@ def host_packed(a: np.ndarray) -> np.ndarray:
         return np.array([a.min(), a.max(), np.dot(a, ones), np.dot(a, a), zeros], dtype=np.float64)
 
 
-def host_exact(a: np.ndarray, dtype) -> np.ndarray:
-    """:func:`exact` on a flat float32 host array."""
+def host_exact(a: np.ndarray, dmax: float | None) -> np.ndarray:
+    """:func:`exact` on a flat float32 host array (``dmax``: the dtype's largest finite value)."""
     with np.errstate(all="ignore"):
         nan = np.isnan(a)
         pinf = np.isposinf(a)
         ninf = np.isneginf(a)
-        dmax = dtype_max(dtype)
         fill = (a == -dmax) if dmax is not None else np.zeros(a.shape, bool)
         ok = ~(nan | pinf | ninf | fill)
         f = a[ok].astype(np.float64)
@@ -210,14 +224,30 @@ def host_exact(a: np.ndarray, dtype) -> np.ndarray:
         return np.array([nan.sum(), pinf.sum(), ninf.sum(), mn, mxv, sm, ss, fill.sum()], dtype=np.float64)
 
 
-def host_stats(h: np.ndarray, dtype, n: int) -> dict:
-    """The stats dict of a host view (see :func:`host_view`)."""
+def host_stats(h: np.ndarray, bf16: bool, dmax: float | None, n: int) -> dict:
+    """The stats dict of a host view (see :func:`host_view`) of ``n`` elements; ``bf16``:
+    the view holds bfloat16 bits, ``dmax``: the dtype's largest finite value.  Numpy only
+    (it runs on the statistics thread, which has no MLX stream)."""
     if n == 0:
-        return finish(None, 0, dtype)
-    a = _as_f32(h, dtype)
+        return _finish(None, 0, dmax)
+    a = _as_f32(h, bf16)
     row = host_packed(a)
-    e = host_exact(a, dtype) if needs_exact(row, dtype) else None
-    return finish(row, n, dtype, e)
+    e = host_exact(a, dmax) if _needs_exact(row, dmax) else None
+    return _finish(row, n, dmax, e)
+
+
+def eval_here(arrays: Sequence[mx.array]) -> None:
+    """``mx.eval(arrays)``; when they were built on another thread's stream, a RuntimeError
+    that says so (MLX's own message names only the stream)."""
+    try:
+        mx.eval(arrays)
+    except RuntimeError as e:
+        if "in current thread" not in str(e):
+            raise
+        raise RuntimeError(
+            f"{e} MLX streams belong to threads: these arrays (a model's lazily loaded weights, a trace's "
+            f"feeds or values) were built on another thread than {threading.current_thread().name!r}; "
+            "call the trace from the thread that loaded the model and made the trace") from e
 
 
 _POOL = None
@@ -243,14 +273,16 @@ class Pending:
         self._future = None
         if not values:
             if also:
-                mx.eval(list(also))
+                eval_here(list(also))
             self._dicts = []
             return
         if use_host() if host is None else host:
+            # every MLX call on this thread; the background job sees numpy arrays and floats only
             views = [mx.view(v, mx.uint16) if v.dtype == mx.bfloat16 else v for v in values]
-            mx.eval(views + list(also))
-            jobs = [(np.asarray(w).reshape(-1), v.dtype, v.size) for v, w in zip(values, views)]
-            run = lambda: [host_stats(h, d, n) for h, d, n in jobs]  # noqa: E731
+            eval_here(views + list(also))
+            jobs = [(np.asarray(w).reshape(-1), v.dtype == mx.bfloat16, dtype_max(v.dtype), v.size)
+                    for v, w in zip(values, views)]
+            run = lambda: [host_stats(*job) for job in jobs]  # noqa: E731
             if background:
                 self._future = pool().submit(run)
             else:
@@ -360,7 +392,7 @@ def device_stats(values: Sequence[mx.array], also: Sequence[mx.array] = ()) -> l
         g[-1].append((i, v))
     if not groups:
         if also:
-            mx.eval(list(also))
+            eval_here(list(also))
         return out
     parts, order = [], []
     for chunks in groups.values():
@@ -369,7 +401,7 @@ def device_stats(values: Sequence[mx.array], also: Sequence[mx.array] = ()) -> l
             parts.append(p.reshape(-1))
             order.append([i for i, _ in members])
     flat = mx.concatenate(parts) if len(parts) > 1 else parts[0]
-    mx.eval([flat, *also])
+    eval_here([flat, *also])
     F = np.array(flat)
     blocks, at = [], 0
     for members in order:
@@ -408,7 +440,7 @@ def device_stats(values: Sequence[mx.array], also: Sequence[mx.array] = ()) -> l
                   "zero_frac": z, "headroom": None if dmax is None else am / dmax, "masked": int(fl)}
     if need:
         arrs = [exact(values[i]) for i, _ in need]
-        mx.eval(arrs)
+        eval_here(arrs)
         for (i, k), a in zip(need, arrs):
             p = np.array([0, 0, 0, 0, zeros[k]], dtype=np.float64)
             out[i] = finish(p, values[i].size, values[i].dtype, np.array(a))

@@ -322,15 +322,16 @@ class Trace:
         their statistics are computed in the background (CPU) and collected by :meth:`_sync`."""
         pend = self._pending
         if pend:
-            self._pending = []
-            self._pending_bytes = 0
             kept = [v for _, v, k in pend if k]
             kept.extend(also)
+            # evaluated before the pending list is cleared: if mx.eval raises, the ops stay pending
             if self._stats_on:
                 self._inflight.append(([s for s, _, _ in pend],
                                        _stats.Pending([v for _, v, _ in pend], kept, background=True)))
             else:
                 mx.eval(kept)
+            self._pending = []
+            self._pending_bytes = 0
             for step, v, keep in pend:
                 if keep:
                     self._store.put(self._prefix + step.name, v)

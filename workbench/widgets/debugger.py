@@ -12,7 +12,10 @@ shapes; statistics and the fraction of float16's and bfloat16's range its larges
 uses (the headroom: close to 100% means about to overflow); a heatmap of the value
 (tokens x channels; non-finite cells bright green); on attention ops, one head's
 attention pattern (pick the head); and the residual-stream norm of every layer so far.
-A log (an Output widget) records every action.
+A log (an Output widget) records every action.  Ops are numbered from 0, as
+``Step.index`` and the NaN hunt number them: the header, the log and the hunt all say
+``op #23`` for the 24th op.  Buttons work from any thread and show their errors in the
+widget (:mod:`workbench.widgets._actions`).
 
 The widget only calls the Trace's public API (``step``, ``run``, ``back``, ``value``,
 ``stats``, ``first_nonfinite``) and draws what comes back.  Values are shown when the
@@ -29,11 +32,15 @@ import time
 import ipywidgets as W
 import numpy as np
 
+from workbench.widgets._actions import Actions
 from workbench.widgets._render import (BF16_MAX, _lut, FP16_MAX, as_2d, fmt, headroom_bar, heatmap, shape_str,
                                        table)
 
 _RESID = re.compile(r"^layers\.(\d+)$")
 _ATTN = re.compile(r"^layers\.(\d+)\.self_attn\.")
+
+#: the numbering, said once in the header (the same as Step.index, the log and the NaN hunt)
+_NUMBERING = "<br><span style='color:#777;font-size:90%'>ops are numbered #0 to #{last}, as Step.index</span>"
 
 CHUNK = 48  # ops per evaluation while running (the progress bar moves between chunks)
 
@@ -53,7 +60,6 @@ class StepDebugger(W.VBox):
     def __init__(self, trace, tokens: list[str] | None = None, head: int = 0):
         self.trace = trace
         self.tokens = tokens if tokens is not None else self._tokens()
-        self._norms: dict[int, float] = {}  # layer -> RMS token norm of layers.{i}
         self.last_update_s = 0.0
         _lut("RdBu_r"), _lut("viridis")  # colour tables ready before the first click
 
@@ -69,12 +75,13 @@ class StepDebugger(W.VBox):
                                  options=list(trace.ops), ensure_option=True, layout=W.Layout(width="330px"))
         self.target.add_class("wb-target")
         self.run_to_button = b("run to", "play", "wb-run-to", "run through the op named on the left")
-        self.back_button.on_click(lambda _: self.back())
-        self.step_button.on_click(lambda _: self.step())
-        self.layer_button.on_click(lambda _: self.step_layer())
-        self.nonfinite_button.on_click(lambda _: self.next_nonfinite())
-        self.end_button.on_click(lambda _: self.run_to(None))
-        self.run_to_button.on_click(lambda _: self.run_to(self.target.value or None))
+        self.actions = act = Actions(redraw=self.refresh)
+        self.back_button.on_click(act("back", lambda _: self.back()))
+        self.step_button.on_click(act("step", lambda _: self.step()))
+        self.layer_button.on_click(act("step over layer", lambda _: self.step_layer()))
+        self.nonfinite_button.on_click(act("next non-finite", lambda _: self.next_nonfinite()))
+        self.end_button.on_click(act("run to end", lambda _: self.run_to(None)))
+        self.run_to_button.on_click(act("run to", lambda _: self.run_to(self.target.value or None)))
 
         self.progress = W.IntProgress(value=0, min=0, max=len(trace.ops), description="",
                                       layout=W.Layout(width="100%", height="10px"))
@@ -89,7 +96,7 @@ class StepDebugger(W.VBox):
         self.head = W.BoundedIntText(value=head, min=0, max=max(0, self._num_heads() - 1), description="head",
                                      layout=W.Layout(width="150px"))
         self.head.add_class("wb-head")
-        self.head.observe(lambda ch: self._draw_attention(), names="value")
+        self.head.observe(act("pick a head", lambda ch: self._draw_attention()), names="value")
         self.attention = W.Image(format="png")
         self.attention.add_class("wb-attention")
         self.attention_note = W.HTML()
@@ -103,11 +110,9 @@ class StepDebugger(W.VBox):
                            self.end_button, self.target, self.run_to_button], layout=W.Layout(flex_flow="row wrap"))
         left = W.VBox([self.stats_html, self.norms_html], layout=W.Layout(width="46%"))
         right = W.VBox([self.heatmap_note, self.heatmap, self.attention_box], layout=W.Layout(width="54%"))
-        super().__init__([controls, self.progress, self.current, W.HBox([left, right]), self.output])
+        super().__init__([controls, self.progress, self.current, act.area, W.HBox([left, right]), self.output])
         self.add_class("wb-step-debugger")
-        for s in trace.steps:  # a trace that already ran some ops
-            self._note_step(s)
-        self._refresh()
+        self.refresh()
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
@@ -143,13 +148,16 @@ class StepDebugger(W.VBox):
     def _say(self, text: str) -> None:
         self.output.append_stdout(text.rstrip("\n") + "\n")
 
-    def _note_step(self, s) -> None:
-        m = _RESID.match(s.name)
-        if m and s.stats and s.stats.get("std") is not None and s.output_shape:
-            st = s.stats
-            d = s.output_shape[-1]
-            ms = (st["std"] or 0.0) ** 2 + (st["mean"] or 0.0) ** 2
-            self._norms[int(m.group(1))] = math.sqrt(d * ms) if math.isfinite(ms) else float("nan")
+    def _residual_norms(self) -> dict[int, float]:
+        """Layer -> RMS over tokens of ‖layers.{i}‖, from the statistics of the steps run so far."""
+        norms = {}
+        for s in self.trace.steps:
+            m = _RESID.match(s.name)
+            if m and s.stats and s.stats.get("std") is not None and s.output_shape:
+                st = s.stats
+                ms = (st["std"] or 0.0) ** 2 + (st["mean"] or 0.0) ** 2
+                norms[int(m.group(1))] = math.sqrt(s.output_shape[-1] * ms) if math.isfinite(ms) else float("nan")
+        return norms
 
     def _busy(self, on: bool) -> None:
         for btn in (self.back_button, self.step_button, self.layer_button, self.nonfinite_button,
@@ -169,10 +177,9 @@ class StepDebugger(W.VBox):
             return None
         t0 = time.perf_counter()
         s = self.trace.step()
-        self._note_step(s)
-        self._say(f"step → #{s.index} {s.name} {shape_str(s.output_shape)}"
+        self._say(f"step → op #{s.index} {s.name} {shape_str(s.output_shape)}"
                   + (f" absmax {fmt(s.stats['absmax'], '.4g')}" if s.stats else ""))
-        self._refresh()
+        self.refresh()
         self.last_update_s = time.perf_counter() - t0
         return s
 
@@ -181,13 +188,11 @@ class StepDebugger(W.VBox):
         if self.trace.position == 0:
             self._say("at the start: nothing to undo")
             return None
-        name = self.trace.ops[self.trace.position - 1]
+        i = self.trace.position - 1
+        name = self.trace.ops[i]
         s = self.trace.back()
-        m = _RESID.match(name)
-        if m:
-            self._norms.pop(int(m.group(1)), None)
-        self._say(f"back ← undid {name}")
-        self._refresh()
+        self._say(f"back ← undid op #{i} {name}")
+        self.refresh()
         return s
 
     def step_layer(self):
@@ -215,7 +220,7 @@ class StepDebugger(W.VBox):
                 self._say(f"no op named {name!r} (pick one from the list)")
                 return None
             if end < tr.position:
-                self._say(f"{name} already ran (op {end}; the trace is at {tr.position}): use back")
+                self._say(f"{name} (op #{end}) already ran; the next op is #{tr.position}: use back")
                 return None
         else:
             end = len(tr.ops) - 1
@@ -250,10 +255,7 @@ class StepDebugger(W.VBox):
         try:
             while tr.position <= end:
                 stop = min(end, tr.position + CHUNK - 1)
-                n0 = len(tr.steps)
                 s = tr.run(until=tr.ops[stop])
-                for st in tr.steps[n0:]:
-                    self._note_step(st)
                 last = s or last
                 self.progress.value = tr.position
                 if s is not None and (s.index < stop or (stop_nonfinite and s.nonfinite)):
@@ -266,12 +268,14 @@ class StepDebugger(W.VBox):
         if last is not None and last.index < end:
             why = " (stopped: non-finite output)" if last.nonfinite else " (stopped at a breakpoint)"
         self._say(f"{label}: {ran} ops in {time.perf_counter() - t0:.2f} s{why}"
-                  + (f" → #{last.index} {last.name}" if last is not None else ""))
-        self._refresh()
+                  + (f" → op #{last.index} {last.name}" if last is not None else ""))
+        self.refresh()
         return last
 
     # ------------------------------------------------------------------ drawing
-    def _refresh(self) -> None:
+    def refresh(self) -> None:
+        """Redraw everything from the trace's state (after every action; call it after
+        changing the trace from code, e.g. ``trace.reset()``)."""
         tr = self.trace
         s = self.current_step
         self.progress.value = tr.position
@@ -279,22 +283,23 @@ class StepDebugger(W.VBox):
         n = len(tr.ops)
         if s is None:
             nxt = tr.program[0]
-            self.current.value = (f"<b>ready</b>: 0 / {n} ops run; next: <code>{html.escape(nxt.name)}</code> "
-                                  f"({html.escape(nxt.kind)})")
+            self.current.value = (f"<b>ready</b>: 0 of {n} ops run; next: op #0 <code>{html.escape(nxt.name)}</code> "
+                                  f"({html.escape(nxt.kind)}){_NUMBERING.format(last=n - 1)}")
             self.stats_html.value = ""
             self.heatmap.value = b""
             self.heatmap_note.value = ""
             self.attention_box.layout.display = "none"
             self._draw_norms()
             return
-        nxt = "" if tr.done else f"; next: <code>{html.escape(tr.ops[tr.position])}</code>"
+        nxt = "" if tr.done else f"; next: op #{tr.position} <code>{html.escape(tr.ops[tr.position])}</code>"
         layer = f", layer {s.layer}" if s.layer is not None else ""
         ins = ", ".join(shape_str(x) for x in s.input_shapes) or "–"
         bad = " <b style='color:#c00'>non-finite!</b>" if s.nonfinite else ""
         iv = (f"<br><i>intervened: {html.escape('; '.join(s.intervened))}</i>" if s.intervened else "")
         self.current.value = (
-            f"<b>op {s.index + 1} / {n}</b>: <code style='font-size:110%'><b>{html.escape(s.name)}</b></code> "
-            f"({html.escape(s.kind)}{layer}){bad}<br>in {ins} → out {shape_str(s.output_shape)} {s.dtype}{nxt}{iv}")
+            f"<b>op #{s.index}</b>: <code style='font-size:110%'><b>{html.escape(s.name)}</b></code> "
+            f"({html.escape(s.kind)}{layer}){bad}<br>in {ins} → out {shape_str(s.output_shape)} {s.dtype}"
+            f"<br>{tr.position} of {n} ops run{nxt}{iv}{_NUMBERING.format(last=n - 1)}")
         self._draw_stats(s)
         self._draw_value(s)
         self._draw_attention()
@@ -397,11 +402,12 @@ class StepDebugger(W.VBox):
                                      f"row = query token, column = key token it attends to (yellow = 1){toks}")
 
     def _draw_norms(self) -> None:
-        if not self._norms:
+        norms = self._residual_norms()
+        if not norms:
             self.norms_html.value = "<i>residual-stream norms appear here as layers finish</i>"
             return
-        layers = sorted(self._norms)
-        vals = [self._norms[i] for i in layers]
+        layers = sorted(norms)
+        vals = [norms[i] for i in layers]
         finite = [x for x in vals if math.isfinite(x)]
         top = max(finite) if finite else 1.0
         bw, gap, H = 14, 3, 70

@@ -16,6 +16,7 @@ import html
 import ipywidgets as W
 from IPython.display import HTML, Image
 
+from workbench.widgets._actions import Actions
 from workbench.widgets._render import figure_png, fmt, table
 
 METRICS = ("nmse", "1-cosine", "max_abs", "max_rel")
@@ -41,20 +42,22 @@ class DiffView(W.VBox):
         self.summary = W.HTML(head)
         self.summary.add_class("wb-diff-summary")
         self.metrics = W.SelectMultiple(options=METRICS, value=("nmse", "1-cosine"), rows=4, description="metrics")
+        self.metrics.add_class("wb-diff-metrics")
         self.op = W.Dropdown(options=[(f"#{o.index} {o.op} [{o.status}]", o.op) for o in report.ops],
                              value=(fd.op if fd is not None else (report.ops[0].op if report.ops else None)),
                              description="op", layout=W.Layout(width="440px"))
         self.op.add_class("wb-diff-op")
         self.first = W.Button(description="first divergence", disabled=fd is None, icon="crosshairs")
         self.first.add_class("wb-diff-first")
-        self.first.on_click(lambda _: self.show(fd.op))
+        self.actions = act = Actions()
+        self.first.on_click(act("first divergence", lambda _: self.show(fd.op)))
         self.plot = W.Output()
         self.plot.add_class("wb-diff-plot")
         self.detail = W.Output()
         self.detail.add_class("wb-diff-detail")
-        self.metrics.observe(lambda ch: self._draw(), names="value")
-        self.op.observe(lambda ch: self._detail(), names="value")
-        super().__init__([self.summary, W.HBox([self.metrics, W.VBox([self.op, self.first])]), self.plot,
+        self.metrics.observe(act("pick metrics", lambda ch: self._draw()), names="value")
+        self.op.observe(act("pick an op", lambda ch: self._detail()), names="value")
+        super().__init__([self.summary, act.area, W.HBox([self.metrics, W.VBox([self.op, self.first])]), self.plot,
                           self.detail])
         self.add_class("wb-diff-view")
         self._draw()

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import ipywidgets as W
 from IPython.display import HTML
 
+from workbench.widgets._actions import Actions
 from workbench.widgets._render import table
 
 READ, WRITE, BOTH = 1, 2, 3
@@ -92,13 +93,15 @@ class HazardTimeline(W.VBox):
         self.picker.add_class("wb-hazard-picker")
         self.window = W.IntRangeSlider(value=(0, n - 1), min=0, max=n - 1, description="events",
                                        continuous_update=False, layout=W.Layout(width="100%"))
+        self.window.add_class("wb-hazard-window")
         self.chart = W.HTML()
         self.chart.add_class("wb-hazard-chart")
         self.detail = W.Output(layout=W.Layout(border="1px solid #ddd", padding="4px"))
         self.detail.add_class("wb-hazard-detail")
-        self.picker.observe(lambda ch: self._on_pick(), names="value")
-        self.window.observe(lambda ch: self._draw(), names="value")
-        super().__init__([self.summary, self.chart, self.window, self.picker, self.detail])
+        self.actions = act = Actions()
+        self.picker.observe(act("pick a hazard", lambda ch: self._on_pick()), names="value")
+        self.window.observe(act("move the event window", lambda ch: self._draw()), names="value")
+        super().__init__([self.summary, act.area, self.chart, self.window, self.picker, self.detail])
         self.add_class("wb-hazard-timeline")
         self._draw()
         if self.hazards:

@@ -24,6 +24,7 @@ import ipywidgets as W
 import numpy as np
 from IPython.display import HTML, Image
 
+from workbench.widgets._actions import Actions
 from workbench.widgets._render import fmt, table
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.(.+)$")
@@ -80,18 +81,23 @@ class WeightBrowser(W.VBox):
         self.layer = W.Select(rows=10, layout=W.Layout(width="110px"))
         self.tensor = W.Select(rows=10, layout=W.Layout(width="420px"))
         self.tensor.add_class("wb-weights-tensor")
+        self.component.add_class("wb-weights-component")
+        self.layer.add_class("wb-weights-layer")
         self.detail = W.Output(layout=W.Layout(width="100%"))
         self.detail.add_class("wb-weights-detail")
         self.stat = W.Dropdown(options=STATS, value=stat if stat in STATS else "std",
                                description="statistic", layout=W.Layout(width="220px"))
+        self.stat.add_class("wb-weights-stat")
         self.grid = W.HTML()
         self.grid.add_class("wb-weights-grid")
-        self.component.observe(lambda ch: self._fill_layers(), names="value")
-        self.layer.observe(lambda ch: self._fill_tensors(), names="value")
-        self.tensor.observe(lambda ch: self._show(), names="value")
-        self.stat.observe(lambda ch: self._draw_grid(), names="value")
+        self.actions = act = Actions()
+        self.component.observe(act("pick a component", lambda ch: self._fill_layers()), names="value")
+        self.layer.observe(act("pick a layer", lambda ch: self._fill_tensors()), names="value")
+        self.tensor.observe(act("pick a tensor", lambda ch: self._show()), names="value")
+        self.stat.observe(act("pick a statistic", lambda ch: self._draw_grid()), names="value")
         tree_box = W.VBox([self.component, W.HBox([self.layer, self.tensor])])
-        super().__init__([self.summary, self.problems_html, W.HBox([tree_box, self.detail]), self.stat, self.grid])
+        super().__init__([self.summary, self.problems_html, act.area, W.HBox([tree_box, self.detail]), self.stat,
+                          self.grid])
         self.add_class("wb-weight-browser")
         self._fill_layers()
         first_bad = next((p.get("tensor") for p in d["problems"] if p.get("tensor")), None)
