@@ -30,6 +30,7 @@ from typing import Any, Callable, Mapping
 import mlx.core as mx
 import numpy as np
 
+from workbench.dtypes import parse_dtype
 from workbench.program import Program, name_matches
 from workbench.trace import stats as _stats
 from workbench.trace.interventions import Intervention, normalize as _norm_iv
@@ -685,7 +686,6 @@ class Trace:
 def _parse_dtype(dtype):
     if dtype is None or isinstance(dtype, mx.Dtype):
         return dtype
-    from workbench.models.base import parse_dtype
     return parse_dtype(dtype)
 
 
