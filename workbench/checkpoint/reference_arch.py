@@ -14,7 +14,10 @@ tensors a sound checkpoint holds:
 * quantizable: the weight of every module that has ``to_quantized`` (what mlx-lm's loader
   quantizes when the checkpoint holds its ``.scales``), so quant.py's checks apply;
 * the reference's ``sanitize``, only where it changes what is expected: an ``lm_head``
-  that sanitize drops (tied embeddings) may be present.
+  that sanitize drops (tied embeddings) may be present; and a checkpoint in a layout the
+  reference converts when loading (the original Hugging Face names: per-expert weights it
+  stacks, ...) is checked as sanitize converts it (:func:`check_layout`, run on
+  placeholders), a tensor sanitize needs and does not find reported by its stored name.
 
 Nothing real-size is allocated: the model is built with ``mx.random``'s initialisers
 replaced by broadcast zeros (a view of one scalar, even if evaluated), and only the
@@ -408,7 +411,11 @@ def sanitized_layout(config: Mapping, stored: Mapping) -> Layout:
     if not hasattr(model, "sanitize"):
         return Layout()
     who = f"{lib.replace('_', '-')}'s {name}"
-    out = _sanitize_once(model, stored, who)
+    import mlx.core as mx
+
+    ph = {n: _zeros(shape, getattr(mx, _PLACEHOLDER_DTYPES.get(dtype, "float32")))
+          for n, (shape, dtype) in stored.items()}
+    out = _sanitize_once(model, ph, who)
     if out.error is None:
         return out
     by_layer: dict = {}
@@ -418,10 +425,12 @@ def sanitized_layout(config: Mapping, stored: Mapping) -> Layout:
     if not by_layer or len(by_layer) > MAX_LAYERS:
         return out
     first = min(by_layer)
+    if len(by_layer) * (len(base) + len(by_layer[first])) > SANITIZE_BUDGET:
+        return out
     merged, failed = Layout(), {}
     for i in sorted(by_layer):
         names = base + by_layer[first] + (by_layer[i] if i != first else [])
-        part = _sanitize_once(model, {s: stored[s] for s in names}, who)
+        part = _sanitize_once(model, {s: ph[s] for s in names}, who)
         if part.error is not None:
             failed[i] = part
             continue
@@ -460,17 +469,16 @@ def sanitized_layout(config: Mapping, stored: Mapping) -> Layout:
 _LAYER_NUM = __import__("re").compile(r"\.layers\.\d+\.")
 
 
-def _sanitize_once(model, stored: Mapping, who: str) -> Layout:
-    import mlx.core as mx
+#: placeholders handed to sanitize, at most, when it is run again layer by layer
+SANITIZE_BUDGET = 2_000_000
 
+
+def _sanitize_once(model, stored: Mapping, who: str) -> Layout:
+    """One sanitize run over ``stored`` (name -> placeholder array, kept alive by the
+    caller: no new array can reuse a placeholder's id)."""
     out = Layout()
-    ph = _Log()
-    for n, (shape, dtype) in stored.items():
-        dt = getattr(mx, _PLACEHOLDER_DTYPES.get(dtype, "float32"))
-        dict.__setitem__(ph, n, _zeros(shape, dt))
-    keep = dict(ph)  # (alive: no new array can reuse a placeholder's id)
-    ph.taken = []
-    ident = {id(v): k for k, v in keep.items()}
+    ph = _Log(stored)
+    ident = {id(v): k for k, v in stored.items()}
     try:
         res = model.sanitize(ph)
     except KeyError as e:
