@@ -1,6 +1,7 @@
 """Benchmark: analyse a 100k-event schedule (load + validate + analyse), print the time.
 
     python benchmarks/bench_hazards.py [--events N] [--mode concurrent|serial]
+    python benchmarks/bench_hazards.py --hostile    # the hostile schedules, CPU seconds each
 
 The schedule imitates an engine decoding token by token: per layer, norm -> q/k/v
 projections (concurrent, then a barrier) -> attention over a growing KV cache -> o_proj ->
@@ -17,7 +18,7 @@ import tempfile
 import time
 
 import workbench  # noqa: F401  (fast BLAS before mlx.core)
-from workbench.buffers import analyze, load_schedule
+from workbench.buffers import analyze, load_schedule, validate
 
 
 def make(n_events: int, mode: str, d: int = 2048, layers: int = 32, ctx: int = 4096) -> dict:
@@ -96,11 +97,36 @@ def make(n_events: int, mode: str, d: int = 2048, layers: int = 32, ctx: int = 4
             "events": ev}
 
 
+def hostile(n: int) -> None:
+    """Time the hostile schedules of tests/test_hazards_hostile.py (n events each)."""
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    spec = importlib.util.spec_from_file_location("hostile", os.path.join(here, "..", "tests", "test_hazards_hostile.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for name, make_doc in mod.HOSTILE.items():
+        doc = make_doc(n)
+        c0 = time.process_time()
+        sch = validate(doc)
+        c1 = time.process_time()
+        hz = analyze(sch)
+        c2 = time.process_time()
+        print(f"{name:<18} {len(sch.events):>7} events: validate {c1 - c0:5.2f}s, analyse {c2 - c1:5.2f}s CPU; "
+              f"{len(hz)} hazards")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=100_000)
     ap.add_argument("--mode", default="concurrent", choices=["serial", "concurrent"])
+    ap.add_argument("--hostile", action="store_true",
+                    help="time the hostile schedules instead (100k identical reads, 100k concurrent dispatches, "
+                         "reads clobbered by every earlier writer)")
     a = ap.parse_args()
+    if a.hostile:
+        hostile(a.events)
+        return
     doc = make(a.events, a.mode)
     with tempfile.TemporaryDirectory() as td:
         path = os.path.join(td, "bench.schedule.json")

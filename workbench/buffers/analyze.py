@@ -42,7 +42,17 @@ Each :class:`Hazard` carries ``event`` (the index of the event at fault), ``othe
 index of the earlier event involved, or null for a hazard inside one dispatch or with no
 earlier party), ``buffer`` and ``range`` (half-open ``[start, end)`` bytes), and a
 message naming both dispatches, the buffer, the bytes, and what to do.  When several
-earlier dispatches conflict with one access, ``other`` is the latest of them.
+earlier dispatches conflict with one access, ``other`` is the latest of them; a
+``stale-read`` is reported per clobbering writer, for at most :data:`MAX_WRITERS` writers
+per read, the last message counting the rest.
+
+Cost: one walk, near-linear in the accesses.  Identical accesses of one dispatch count
+once.  Byte maps are :class:`~workbench.buffers.ranges.RangeMap` objects (a query costs the
+pieces it covers, a few in real schedules); a query covering more than ``_WIDE`` pieces
+(hostile schedules: 100k small writes, then whole-buffer reads) goes instead to a tree over
+the buffer's access offsets (:class:`~workbench.buffers.ranges.MaxTree` for "the latest
+event here", :class:`~workbench.buffers.ranges.LabelTree` for unwritten and
+differently-labelled bytes), O(log n), fed lazily from each map's log.
 """
 from __future__ import annotations
 
@@ -50,7 +60,7 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.buffers.ranges import RangeMap
+from workbench.buffers.ranges import LabelTree, MaxTree, RangeMap
 from workbench.buffers.schedule import Schedule, as_schedule, no_gc
 
 KINDS = ("alias-in-dispatch", "partial-overlap", "raw", "war", "waw", "stale-read",
@@ -58,6 +68,28 @@ KINDS = ("alias-in-dispatch", "partial-overlap", "raw", "war", "waw", "stale-rea
 
 #: at most this many pairwise comparisons inside one dispatch (pathological inputs only)
 _MAX_PAIR_CHECKS = 200_000
+#: a stale read names at most this many clobbering writers; its last hazard counts the rest
+MAX_WRITERS = 4
+#: a query covering more segments of a byte map than this goes to a tree (O(log n))
+_WIDE = 48
+#: pieces a wide stale read looks at to name (and count) its writers
+_STALE_PIECES = 4 * MAX_WRITERS
+
+#: raw / war / waw: (kind, this dispatch's accesses, the region's earlier accesses, message)
+_REGION_RULES = (
+    ("raw", "reads", "writes",
+     "{me} reads {arg} at {where}, which {other} writes in the same concurrent region (no barrier between "
+     "them), so it may read them before or while they are written. Put a barrier between dispatch {o} and "
+     "dispatch {idx}."),
+    ("war", "writes", "reads",
+     "{me} writes {arg} at {where}, which {other} reads in the same concurrent region (no barrier between "
+     "them), so {oname} may read {name}'s output. Put a barrier between dispatch {o} and dispatch {idx}, "
+     "or give {name} its own output buffer."),
+    ("waw", "writes", "writes",
+     "{me} writes {arg} at {where}, which {other} also writes in the same concurrent region (no barrier "
+     "between them); what remains depends on timing. Put a barrier between dispatch {o} and dispatch {idx}, "
+     "or give {name} its own output range."),
+)
 
 
 @dataclass(frozen=True)
@@ -81,14 +113,100 @@ def _bytes(buf: str, s: int, e: int) -> str:
     return f"bytes [{s}, {e}) of buffer {buf!r}"
 
 
+class _Coords:
+    """Per buffer, the sorted byte offsets where any of its accesses starts or ends (and its
+    sizes): the elementary intervals the trees work on.  Built on first use, in one pass."""
+
+    def __init__(self, sch: Schedule):
+        self.sch = sch
+        self.xs: dict[str, list[int]] | None = None
+        self.pos: dict[str, dict[int, int]] = {}
+
+    def of(self, buf: str) -> tuple[list[int], dict[int, int]]:
+        if self.xs is None:
+            pts: dict[str, set] = {b: {0, spec.size} for b, spec in self.sch.buffers.items()}
+            for ev in self.sch.events:
+                if ev.type == "dispatch":
+                    for lst in (ev.reads, ev.writes):
+                        for a in lst:
+                            p = pts.get(a.buffer)
+                            if p is None:
+                                p = pts[a.buffer] = {0}
+                            p.add(a.offset)
+                            p.add(a.offset + a.size)
+                elif ev.type == "alloc":
+                    pts.setdefault(ev.buffer, {0}).add(ev.size)
+            self.xs = {b: sorted(p) for b, p in pts.items()}
+        xs = self.xs[buf]
+        pos = self.pos.get(buf)
+        if pos is None:
+            pos = self.pos[buf] = {x: k for k, x in enumerate(xs)}
+        return xs, pos
+
+
 class _Buf:
-    __slots__ = ("size", "live", "init", "alloc_at", "freed_at", "written")
+    __slots__ = ("size", "live", "init", "alloc_at", "freed_at", "written", "log", "applied", "applied_max")
 
     def __init__(self, size: int, init: bool, alloc_at: int | None):
         self.size, self.init, self.alloc_at = size, init, alloc_at
         self.live = True
         self.freed_at: int | None = None
         self.written = RangeMap()  # bytes -> (writer event index, label or None)
+        # every write (s, e, writer, label) and clear (s, e, None, None), for the buffer's LabelTree
+        self.log: list[tuple] = [(0, None, None, None)]  # starts unwritten
+        self.applied = 0  # log entries already in the buffer's LabelTree
+        self.applied_max = 0  # ... and in its MaxTree of writers
+
+
+class _RegionMap:
+    """The bytes of one buffer that the current concurrent region read (or wrote): the latest
+    event per byte, the paints in order (for a MaxTree on wide queries), each event's ranges."""
+
+    __slots__ = ("rm", "log", "applied", "ranges", "sorted")
+
+    def __init__(self):
+        self.rm = RangeMap()
+        self.log: list[tuple[int, int, int]] = []
+        self.applied = 0
+        self.ranges: dict[int, list[tuple[int, int]]] = {}
+        self.sorted: dict[int, tuple[list[int], list[int]]] = {}
+
+    def paint(self, s: int, e: int, idx: int) -> None:
+        self.rm.assign(s, e, idx)
+        self.log.append((s, e, idx))
+        r = self.ranges.get(idx)
+        if r is None:
+            self.ranges[idx] = [(s, e)]
+        else:
+            r.append((s, e))
+
+    def span(self, idx: int, s: int, e: int) -> tuple[int, int]:
+        """The first and last byte of [s, e) that event ``idx`` painted here (it overlaps [s, e))."""
+        rs = self.ranges[idx]
+        if len(rs) <= 8:
+            lo, hi = e, s
+            for ps, pe in rs:
+                if ps < e and pe > s:
+                    lo, hi = min(lo, max(ps, s)), max(hi, min(pe, e))
+            return lo, hi
+        srt = self.sorted.get(idx)
+        if srt is None:  # many ranges of one event: starts sorted, with the running max of their ends
+            rs = sorted(rs)
+            starts, reach, m = [], [], -1
+            for ps, pe in rs:
+                m = max(m, pe)
+                starts.append(ps)
+                reach.append(m)
+            srt = self.sorted[idx] = (starts, reach)
+        starts, reach = srt
+        k = bisect_right(starts, s)  # ranges starting at or before s
+        if k and reach[k - 1] > s:
+            lo = s
+        else:
+            lo = starts[k]  # the first range starting after s (one overlaps, so it starts before e)
+        j = bisect_left(starts, e)  # ranges starting before e
+        hi = min(reach[j - 1], e)
+        return lo, hi
 
 
 def analyze(schedule: Any) -> list[Hazard]:
@@ -98,22 +216,104 @@ def analyze(schedule: Any) -> list[Hazard]:
         return _analyze(sch)
 
 
+def _unique(accs, declared: set, keep: int) -> list:
+    """A dispatch's accesses without repeats: identical ones (buffer, bytes, value, and the arg
+    where an in-place declaration names it) are one access (``keep`` copies for writes, so two
+    identical writes still show as overlapping)."""
+    if len(accs) < 2:
+        return accs
+    seen: dict = {}
+    out = []
+    for a in accs:
+        key = (a.buffer, a.offset, a.size, a.value, a.arg if a.arg in declared else None)
+        n = seen.get(key, 0)
+        if n < keep:
+            seen[key] = n + 1
+            out.append(a)
+    return out
+
+
 def _analyze(sch: Schedule) -> list[Hazard]:
     events = sch.events
     concurrent = sch.mode == "concurrent"
     inplace = {k: set(v) for k, v in sch.kernels.items()}
+    declared_r = {k: {p[0] for p in v} for k, v in sch.kernels.items()}
+    declared_w = {k: {p[1] for p in v} for k, v in sch.kernels.items()}
     bufs: dict[str, _Buf] = {b: _Buf(spec.size, spec.initialized, None) for b, spec in sch.buffers.items()}
     committed: dict[int, int] = {}
     out: list[Hazard] = []
     add = out.append
+    coords = _Coords(sch)
+    label_ids: dict[str, int] = {}
+    label_names: list[str] = []
+    label_trees: dict[str, LabelTree] = {}
+    max_trees: dict[tuple[str, str], MaxTree] = {}
 
     def who(i: int) -> str:
         e = events[i]
         return f"dispatch {i} {e.name!r}" if e.type == "dispatch" else f"event {i} ({e.type})"
 
-    # current concurrent region: buffer -> RangeMap of bytes -> latest reader / writer event
-    region_reads: dict[str, RangeMap] = {}
-    region_writes: dict[str, RangeMap] = {}
+    def label_id(label: str | None) -> int:
+        if label is None:
+            return -1
+        k = label_ids.get(label)
+        if k is None:
+            k = label_ids[label] = len(label_names)
+            label_names.append(label)
+        return k
+
+    def label_tree(buf: str, b: _Buf) -> tuple[LabelTree, dict[int, int], list[int]]:
+        """The buffer's contents as a LabelTree, brought up to date from its write log."""
+        xs, pos = coords.of(buf)
+        t = label_trees.get(buf)
+        if t is None:
+            t = label_trees[buf] = LabelTree(xs)
+        for s, e, w, label in b.log[b.applied:]:
+            if w is None:  # cleared: unwritten again
+                t.assign(0, t.n, -1)
+            else:
+                t.assign(pos[s], pos[e], t.value(w, label_id(label)))
+        b.applied = len(b.log)
+        return t, pos, xs
+
+    def latest(kind: str, buf: str, m: _RegionMap, s: int, e: int) -> tuple[int, int, int]:
+        """The latest event of the region's map overlapping [s, e), and the span of its bytes there."""
+        if m.rm.count_overlaps(s, e) <= _WIDE:
+            best, lo, hi = -1, 0, 0
+            for ps, pe, v in m.rm.overlaps(s, e):
+                if v > best:
+                    best, lo, hi = v, ps, pe
+                elif v == best:
+                    hi = pe
+            return best, lo, hi
+        xs, pos = coords.of(buf)
+        t = max_trees.get((kind, buf))
+        if t is None:
+            t = max_trees[(kind, buf)] = MaxTree(len(xs) - 1)
+        for ps, pe, v in m.log[m.applied:]:
+            t.paint(pos[ps], pos[pe], v)
+        m.applied = len(m.log)
+        best = t.query(pos[s], pos[e])  # the newest paint overlapping [s, e): its bytes there are intact
+        return (best,) + m.span(best, s, e)
+
+    def producer(buf: str, lo: int, hi: int) -> int:
+        """The last dispatch that wrote any byte of [lo, hi) of the buffer's current allocation, or -1."""
+        b = bufs[buf]
+        if b.written.count_overlaps(lo, hi) <= _WIDE:
+            return max((wi for _, _, (wi, _) in b.written.overlaps(lo, hi)), default=-1)
+        xs, pos = coords.of(buf)
+        t = max_trees.get(("written", buf))
+        if t is None:
+            t = max_trees[("written", buf)] = MaxTree(len(xs) - 1)
+        for ps, pe, w, _ in b.log[b.applied_max:]:
+            if w is not None:
+                t.paint(pos[ps], pos[pe], w)
+        b.applied_max = len(b.log)
+        w = t.query(pos[lo], pos[hi])
+        return w if b.alloc_at is None or w > b.alloc_at else -1  # older writes belong to a freed allocation
+
+    # the current concurrent region: "reads" / "writes" -> buffer -> _RegionMap
+    region: dict[str, dict[str, _RegionMap]] = {"reads": {}, "writes": {}}
     region_cb: Any = object()
 
     for idx, ev in enumerate(events):
@@ -129,12 +329,14 @@ def _analyze(sch: Schedule) -> list[Hazard]:
                            f"command buffer cannot take more work (Metal asserts or crashes). Create a new command "
                            f"buffer after each commit (one per phase) and encode {name} into it."))
             if concurrent and cb != region_cb:
-                region_reads, region_writes, region_cb = {}, {}, cb
+                region, region_cb = {"reads": {}, "writes": {}}, cb
 
             # 1. lifetime and bounds; collect the in-bounds parts
             reads: list[tuple[Any, int, int]] = []
             writes: list[tuple[Any, int, int]] = []
-            for accs, dest, verb in ((ev.reads, reads, "reads"), (ev.writes, writes, "writes")):
+            kernel = ev.kernel
+            for accs, dest, verb in ((_unique(ev.reads, declared_r.get(kernel, ()), 1), reads, "reads"),
+                                     (_unique(ev.writes, declared_w.get(kernel, ()), 2), writes, "writes")):
                 for a in accs:
                     b = bufs[a.buffer]
                     s, e = a.offset, a.offset + a.size
@@ -157,35 +359,55 @@ def _analyze(sch: Schedule) -> list[Hazard]:
 
             # 2. inside the dispatch: alias-in-dispatch, partial-overlap
             if writes:
-                _intra(idx, me, name, ev.kernel, inplace.get(ev.kernel, ()), reads, writes, bufs, add, who)
+                _intra(idx, me, name, kernel, inplace.get(kernel, ()), reads, writes, producer, add, who)
 
             # 3. reads against memory contents: uninitialized-read, stale-read
             for a, s, e in reads:
                 b = bufs[a.buffer]
-                wmap = b.written
+                check_gaps, check_labels = not b.init, a.value is not None
+                if not (check_gaps or check_labels):
+                    continue
                 gap_first = gap_last = None
                 gap_bytes = 0
-                pos = s
                 stale: dict[int, list] = {}
-                for ps, pe, (wi, label) in wmap.overlaps(s, e):
-                    if ps > pos:
+                more = False  # a wide read with writers beyond the pieces looked at
+                if b.written.count_overlaps(s, e) <= _WIDE:
+                    pos = s
+                    for ps, pe, (wi, label) in b.written.overlaps(s, e):
+                        if ps > pos:
+                            if gap_first is None:
+                                gap_first = pos
+                            gap_last = ps
+                            gap_bytes += ps - pos
+                        pos = pe
+                        if check_labels and label is not None and label != a.value:
+                            r = stale.get(wi)
+                            if r is None:
+                                stale[wi] = [ps, pe, label]
+                            else:
+                                r[1] = pe
+                    if pos < e:
                         if gap_first is None:
                             gap_first = pos
-                        gap_last = ps
-                        gap_bytes += ps - pos
-                    pos = pe
-                    if a.value is not None and label is not None and label != a.value:
-                        r = stale.get(wi)
-                        if r is None:
-                            stale[wi] = [ps, pe, label]
-                        else:
-                            r[1] = pe
-                if pos < e:
-                    if gap_first is None:
-                        gap_first = pos
-                    gap_last = e
-                    gap_bytes += e - pos
-                if gap_first is not None and not b.init:
+                        gap_last = e
+                        gap_bytes += e - pos
+                else:
+                    tree, pos, xs = label_tree(a.buffer, b)
+                    l, r = pos[s], pos[e]
+                    if check_gaps:
+                        gap_bytes = (e - s) - tree.covered(l, r)
+                        if gap_bytes:
+                            gap_first, gap_last = xs[tree.gap(l, r)], xs[tree.gap(l, r, last=True) + 1]
+                    if check_labels:
+                        pieces = tree.stale(l, r, label_id(a.value), _STALE_PIECES + 1)
+                        more = len(pieces) > _STALE_PIECES
+                        for ps, pe, wi, lb in pieces[:_STALE_PIECES]:
+                            q = stale.get(wi)
+                            if q is None:
+                                stale[wi] = [ps, pe, label_names[lb]]
+                            else:
+                                q[1] = pe
+                if gap_first is not None and check_gaps:
                     part = "" if gap_bytes == gap_last - gap_first else f" ({gap_bytes} of them unwritten)"
                     src = f" since its alloc at event {b.alloc_at}" if b.alloc_at is not None else ""
                     add(Hazard("uninitialized-read", idx, b.alloc_at, a.buffer, (gap_first, gap_last),
@@ -193,64 +415,59 @@ def _analyze(sch: Schedule) -> list[Hazard]:
                                + f" at {_bytes(a.buffer, gap_first, gap_last)}{part}, which nothing wrote{src}. "
                                f"Dispatch the producer of this input before {name}, or mark {a.buffer!r} "
                                f"\"initialized\": true if the host fills it."))
-                for wi in sorted(stale):
-                    ps, pe, label = stale[wi]
-                    wname = events[wi].name
-                    add(Hazard("stale-read", idx, wi, a.buffer, (ps, pe),
-                               f"{me} reads {a.arg} expecting {a.value!r} at {_bytes(a.buffer, ps, pe)}, but "
+                if stale:
+                    writers = sorted(stale)
+                    shown = writers[:MAX_WRITERS]
+                    for wi in shown:
+                        ps, pe, label = stale[wi]
+                        wname = events[wi].name
+                        msg = (f"{me} reads {a.arg} expecting {a.value!r} at {_bytes(a.buffer, ps, pe)}, but "
                                f"{who(wi)} overwrote them with {label!r} first. Give {wname} its own output buffer "
-                               f"(a separate scratch, like attnH) so {a.value!r} survives until {name} reads it."))
+                               f"(a separate scratch, like attnH) so {a.value!r} survives until {name} reads it.")
+                        rest = len(writers) - len(shown)
+                        if wi == shown[-1] and rest:
+                            msg += (f" {rest}{'+' if more else ''} more dispatch(es) (events {writers[MAX_WRITERS]}.."
+                                    f"{writers[-1]}{', ...' if more else ''}) overwrote other bytes of this read; "
+                                    f"only the first {len(shown)} are listed.")
+                        elif wi == shown[-1] and more:
+                            msg += (f" Other dispatches may have overwritten more bytes of this read (only its first "
+                                    f"{_STALE_PIECES} overwritten pieces were looked at).")
+                        add(Hazard("stale-read", idx, wi, a.buffer, (ps, pe), msg))
 
-            # 4. concurrent region: raw / war / waw
+            # 4. concurrent region: raw / war / waw, one rule each
             if concurrent:
-                for a, s, e in reads:
-                    rw = region_writes.get(a.buffer)
-                    if rw is not None and rw.any_overlap(s, e):
-                        o, os_, oe = _latest(rw, s, e)
-                        add(Hazard("raw", idx, o, a.buffer, (os_, oe),
-                                   f"{me} reads {a.arg} at {_bytes(a.buffer, os_, oe)}, which {who(o)} writes in "
-                                   f"the same concurrent region (no barrier between them), so it may read them "
-                                   f"before or while they are written. Put a barrier between dispatch {o} and "
-                                   f"dispatch {idx}."))
-                for a, s, e in writes:
-                    rr = region_reads.get(a.buffer)
-                    if rr is not None and rr.any_overlap(s, e):
-                        o, os_, oe = _latest(rr, s, e)
-                        add(Hazard("war", idx, o, a.buffer, (os_, oe),
-                                   f"{me} writes {a.arg} at {_bytes(a.buffer, os_, oe)}, which {who(o)} reads in "
-                                   f"the same concurrent region (no barrier between them), so {events[o].name} may "
-                                   f"read {name}'s output. Put a barrier between dispatch {o} and dispatch {idx}, "
-                                   f"or give {name} its own output buffer."))
-                    rw = region_writes.get(a.buffer)
-                    if rw is not None and rw.any_overlap(s, e):
-                        o, os_, oe = _latest(rw, s, e)
-                        add(Hazard("waw", idx, o, a.buffer, (os_, oe),
-                                   f"{me} writes {a.arg} at {_bytes(a.buffer, os_, oe)}, which {who(o)} also writes "
-                                   f"in the same concurrent region (no barrier between them); what remains depends "
-                                   f"on timing. Put a barrier between dispatch {o} and dispatch {idx}, or give "
-                                   f"{name} its own output range."))
-                for a, s, e in reads:
-                    m = region_reads.get(a.buffer)
-                    if m is None:
-                        m = region_reads[a.buffer] = RangeMap()
-                    m.assign(s, e, idx)
-                for a, s, e in writes:
-                    m = region_writes.get(a.buffer)
-                    if m is None:
-                        m = region_writes[a.buffer] = RangeMap()
-                    m.assign(s, e, idx)
+                mine = {"reads": reads, "writes": writes}
+                for kind, acc_of, against, text in _REGION_RULES:
+                    maps = region[against]
+                    for a, s, e in mine[acc_of]:
+                        m = maps.get(a.buffer)
+                        if m is None or not m.rm.any_overlap(s, e):
+                            continue
+                        o, os_, oe = latest(against, a.buffer, m, s, e)
+                        add(Hazard(kind, idx, o, a.buffer, (os_, oe), text.format(
+                            me=me, arg=a.arg, where=_bytes(a.buffer, os_, oe), other=who(o), o=o, idx=idx,
+                            oname=events[o].name, name=name)))
+                for kind, lst in (("reads", reads), ("writes", writes)):
+                    maps = region[kind]
+                    for a, s, e in lst:
+                        m = maps.get(a.buffer)
+                        if m is None:
+                            m = maps[a.buffer] = _RegionMap()
+                        m.paint(s, e, idx)
 
             # 5. the writes land
             for a, s, e in writes:
-                bufs[a.buffer].written.assign(s, e, (idx, a.value))
+                b = bufs[a.buffer]
+                b.written.assign(s, e, (idx, a.value))
+                b.log.append((s, e, idx, a.value))
 
         elif t == "barrier":
             if concurrent:
-                region_reads, region_writes, region_cb = {}, {}, object()
+                region, region_cb = {"reads": {}, "writes": {}}, object()
         elif t == "commit":
             cb = ev.cb
             if concurrent:
-                region_reads, region_writes, region_cb = {}, {}, object()
+                region, region_cb = {"reads": {}, "writes": {}}, object()
             if cb in committed:
                 add(Hazard("cb-reuse", idx, committed[cb], None, None,
                            f"event {idx} commits command buffer {cb} again (first committed at event "
@@ -270,24 +487,16 @@ def _analyze(sch: Schedule) -> list[Hazard]:
                 b.live = False
                 b.freed_at = idx
                 b.written.clear()
+                b.log.append((0, None, None, None))
         # "complete": no rule depends on it
     return out
 
 
-def _latest(rm: RangeMap, s: int, e: int) -> tuple[int, int, int]:
-    """The latest event among the pieces of [s, e) in rm, and the span of its pieces."""
-    best = -1
-    lo = hi = 0
-    for ps, pe, v in rm.overlaps(s, e):
-        if v > best:
-            best, lo, hi = v, ps, pe
-        elif v == best:
-            hi = pe
-    return best, lo, hi
+def _intra(idx, me, name, kernel, pairs, reads, writes, producer, add, who) -> None:
+    """alias-in-dispatch and partial-overlap among one dispatch's accesses (sweep per buffer).
 
-
-def _intra(idx, me, name, kernel, pairs, reads, writes, bufs, add, who) -> None:
-    """alias-in-dispatch and partial-overlap among one dispatch's accesses (sweep per buffer)."""
+    Each list of accesses still open is pruned only when it is compared against, and every
+    comparison counts against ``_MAX_PAIR_CHECKS``, so the sweep is linear plus the pairs."""
     items: dict[str, list] = {}
     for a, s, e in writes:
         items.setdefault(a.buffer, []).append((s, e, 1, a))
@@ -304,14 +513,14 @@ def _intra(idx, me, name, kernel, pairs, reads, writes, bufs, add, who) -> None:
         act_r: list = []
         act_w: list = []
         for s, e, isw, a in lst:
-            act_r = [x for x in act_r if x[1] > s]
             act_w = [x for x in act_w if x[1] > s]
+            checks += len(act_w)
             if isw:
+                act_r = [x for x in act_r if x[1] > s]
+                checks += len(act_r)
                 for rs, re_, _, r in act_r:
-                    checks += 1
-                    _pair(idx, me, name, kdesc, decl, pairs, buf, r, rs, re_, a, s, e, add, bufs, who)
+                    _pair(idx, me, name, kdesc, decl, pairs, buf, r, rs, re_, a, s, e, add, producer, who)
                 for ws, we, _, w in act_w:
-                    checks += 1
                     lo, hi = max(s, ws), min(e, we)
                     add(Hazard("partial-overlap", idx, None, buf, (lo, hi),
                                f"{me} writes {w.arg} at {_bytes(buf, ws, we)} and {a.arg} at [{s}, {e}); the two "
@@ -320,23 +529,20 @@ def _intra(idx, me, name, kernel, pairs, reads, writes, bufs, add, who) -> None:
                 act_w.append((s, e, 1, a))
             else:
                 for ws, we, _, w in act_w:
-                    checks += 1
-                    _pair(idx, me, name, kdesc, decl, pairs, buf, a, s, e, w, ws, we, add, bufs, who)
+                    _pair(idx, me, name, kdesc, decl, pairs, buf, a, s, e, w, ws, we, add, producer, who)
                 act_r.append((s, e, 0, a))
             if checks > _MAX_PAIR_CHECKS:
                 return
 
 
-def _pair(idx, me, name, kdesc, decl, pairs, buf, r, rs, re_, w, ws, we, add, bufs, who) -> None:
+def _pair(idx, me, name, kdesc, decl, pairs, buf, r, rs, re_, w, ws, we, add, producer, who) -> None:
     equal = rs == ws and re_ == we
     if equal and (r.arg, w.arg) in pairs:
         return  # declared in-place: the kernel reads each element before writing it
     rdesc = f"{r.arg} ({r.value!r})" if r.value is not None else r.arg
     lo, hi = max(rs, ws), min(re_, we)
-    producer = -1
-    for _, _, (wi, _) in bufs[buf].written.overlaps(lo, hi):
-        producer = max(producer, wi)
-    src = f" (the input there was last written by {who(producer)})" if producer >= 0 else ""
+    last = producer(buf, lo, hi)
+    src = f" (the input there was last written by {who(last)})" if last >= 0 else ""
     if equal:
         add(Hazard("alias-in-dispatch", idx, None, buf, (rs, re_),
                    f"{me} reads {rdesc} and writes {w.arg} at the same {_bytes(buf, rs, re_)}{src}, and {kdesc} does "

@@ -1,7 +1,8 @@
 """Check a recorded dispatch schedule (workbench.schedule/1) for buffer hazards.
 
 Exit 0 when clean, 1 when hazards are found, 2 when the schedule is unreadable or
-invalid (one line naming the event index and field).
+invalid (one line naming the event index and field), not a regular file, or larger than
+``schedule.MAX_FILE_BYTES``.
 """
 from __future__ import annotations
 
@@ -12,9 +13,17 @@ from workbench.buffers.analyze import analyze, summarize
 from workbench.buffers.schedule import ScheduleError, load_schedule
 
 
+#: --json lists at most this many hazards of each kind by default (hostile schedules: bounded output)
+MAX_JSON = 10_000
+
+
 def add_arguments(p) -> None:
     p.add_argument("schedule", metavar="SCHEDULE.json", help="a workbench.schedule/1 file written by your engine")
-    p.add_argument("--json", action="store_true", help="print the result as JSON (all hazards)")
+    p.add_argument("--json", action="store_true",
+                   help="print the result as JSON (every hazard, up to --max-json of each kind)")
+    p.add_argument("--max-json", type=int, default=MAX_JSON, metavar="N",
+                   help=f"list at most N hazards of each kind in --json (default {MAX_JSON}; 0: all); "
+                        "the counts are always complete and \"omitted\" says how many were left out")
     p.add_argument("--max", type=int, default=50, metavar="N",
                    help="show at most N hazards in the text report (default 50; --json shows all)")
     p.add_argument("--kind", action="append", metavar="KIND",
@@ -38,9 +47,19 @@ def run(args) -> int:
         hazards = [h for h in hazards if h.kind in args.kind]
     n_disp = sum(1 for e in sch.events if e.type == "dispatch")
     if args.json:
+        shown, omitted = hazards, {}
+        if args.max_json > 0:
+            seen: dict[str, int] = {}
+            shown = []
+            for h in hazards:
+                n = seen[h.kind] = seen.get(h.kind, 0) + 1
+                if n <= args.max_json:
+                    shown.append(h)
+                else:
+                    omitted[h.kind] = omitted.get(h.kind, 0) + 1
         print(json.dumps({"schedule": args.schedule, "mode": sch.mode, "events": len(sch.events),
                           "dispatches": n_disp, "buffers": len(sch.buffers), "counts": summarize(hazards),
-                          "hazards": [h.to_dict() for h in hazards]}))
+                          "omitted": omitted, "hazards": [h.to_dict() for h in shown]}))
     else:
         head = (f"{args.schedule}: {len(sch.events)} events ({n_disp} dispatches), mode {sch.mode}, "
                 f"analysed in {time.perf_counter() - t0:.2f}s")
