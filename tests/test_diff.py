@@ -471,3 +471,15 @@ def test_reference_side_nan_is_a_finding(ckpt, reference, tmp_path, capsys):
     text = capsys.readouterr().out
     assert rc == 1 and "first divergence: layers.0" in text and "no divergence" not in text
     assert "workbench hazards" not in text
+
+
+@pytest.mark.parametrize("ids", ['"abc"', "[1, -2]", "[]", "{not json", "[1.5]"])
+def test_reference_dump_with_bad_ids_metadata_is_one_line(reference, tmp_path, capsys, ids):
+    from workbench.diff import write_dump
+    values, meta = read_dump(reference)
+    write_dump(tmp_path / "ref.safetensors", values, json.loads(meta["workbench.op_order"]),
+               dict(meta, **{"workbench.ids": ids}))
+    np.savez(tmp_path / "eng.npz", **{"layers.0": values["layers.0"]})
+    assert main(["diff", str(tmp_path / "ref.safetensors"), str(tmp_path / "eng.npz")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "workbench.ids is not a list of token ids" in err

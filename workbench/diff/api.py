@@ -48,7 +48,15 @@ class Reference:
         if meta.get(readers.META_FORMAT) != readers.FORMAT:
             raise readers.DumpError(f"{path}: not a workbench reference dump (no {readers.META_FORMAT} metadata)")
         order = readers.dump_order(meta) or list(values)
-        ids = json.loads(meta[readers.META_IDS]) if readers.META_IDS in meta else None
+        ids = None
+        if readers.META_IDS in meta:
+            try:
+                ids = json.loads(meta[readers.META_IDS])
+            except json.JSONDecodeError:
+                ids = None
+            if not (isinstance(ids, list) and ids and all(type(i) is int and i >= 0 for i in ids)):
+                raise readers.DumpError(f"{path}: metadata {readers.META_IDS} is not a list of token ids "
+                                        f"({meta[readers.META_IDS][:60]!r})")
         try:
             inputs = {k: tuple(v) for k, v in json.loads(meta.get("workbench.op_inputs", "{}")).items()}
             dtypes = {str(k): str(v) for k, v in json.loads(meta.get("workbench.op_dtypes", "{}")).items()}
