@@ -276,6 +276,39 @@ def test_sanitize_layout_of_a_real_size_checkpoint_allocates_nothing():
     assert lay.produced["layers.3.block_sparse_moe.switch_mlp.down_proj.weight"][0] == (8, 6144, 16384)
 
 
+# ------------------------------------------------------------------ through mlx-vlm
+QWEN2_VL_TEXT = {"model_type": "qwen2_vl", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+                 "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "rms_norm_eps": 1e-6,
+                 "rope_theta": 1e6, "rope_scaling": {"type": "mrope", "mrope_section": [2, 1, 1]}}
+QWEN2_VL = dict(QWEN2_VL_TEXT, text_config=dict(QWEN2_VL_TEXT),
+                vision_config={"model_type": "qwen2_vl", "depth": 2, "embed_dim": 32, "hidden_size": 64, "num_heads": 4,
+                               "mlp_ratio": 2.0, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                               "in_chans": 3})
+
+
+def test_multimodal_checkpoint_built_by_mlx_vlm(tmp_path):
+    """Qwen2-VL (no table here, towers in the config): mlx-vlm's model gives the expected
+    language-model tensors; the vision tower is its own component."""
+    from mlx.utils import tree_flatten
+    from mlx_vlm.utils import load_model
+
+    from workbench.checkpoint.reference_arch import build_model
+
+    lib, name, model = build_model(QWEN2_VL, placeholders=False)
+    assert (lib, name) == ("mlx_vlm", "qwen2_vl")
+    d = tmp_path / "vl"
+    d.mkdir()
+    mx.save_safetensors(str(d / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    (d / "config.json").write_text(json.dumps(QWEN2_VL))
+    load_model(d)  # mlx-vlm loads it strictly
+    r = inspect(d)
+    assert r.ok and not r.problems, [x.message for x in r.problems]
+    assert r.model_type == "qwen2_vl" and r.components["vision_tower"] > 0 and r.num_layers == 2
+    gone = "language_model.model.layers.1.mlp.up_proj.weight"
+    _rewrite(d, lambda w: w.pop(gone))
+    assert [(e.code, e.tensor) for e in _errors(inspect(d))] == [("missing-tensor", gone)]
+
+
 # ------------------------------------------------------------------ agreement with the tables
 def _tables():
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))

@@ -155,9 +155,10 @@ def no_allocation():
             setattr(r, k, f)
 
 
-def build_model(config: Mapping, library: str | None = None):
+def build_model(config: Mapping, library: str | None = None, *, placeholders: bool = True):
     """(library, module name, model): the reference's ``Model`` for a config.json dict,
-    built as its loader builds it, with nothing real-size allocated.  Raises ConfigError."""
+    built as its loader builds it, with nothing real-size allocated (``placeholders=False``:
+    its own random initialisation, to write a tiny checkpoint).  Raises ConfigError."""
     if not isinstance(config, Mapping):
         raise ConfigError("config.json is not a JSON object")
     try:
@@ -176,7 +177,7 @@ def build_model(config: Mapping, library: str | None = None):
         mod = importlib.import_module(f"{lib}.models.{name}")
         args_cls = mod.ModelArgs if lib == "mlx_lm" else mod.ModelConfig
         _check_types(cfg, args_cls, who)
-        with no_allocation():
+        with no_allocation() if placeholders else contextlib.nullcontext():
             model = mod.Model(args_cls.from_dict(cfg)) if lib == "mlx_lm" else _build_vlm(mod, cfg)
     except ConfigError:
         raise
