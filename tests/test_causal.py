@@ -316,3 +316,22 @@ def test_figures(demo, tmp_path):
     for k, f in figs.items():
         p = save(f, str(tmp_path / f"{k}.png"))
         assert open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_study_freezes_the_post_attention_norm(demo):
+    """The study's "norm frozen" condition: without an ablation it changes nothing; with
+    one, the norm's output is weight * o_proj / rms(unablated o_proj), by hand."""
+    from workbench.causal.study import frozen_norm
+
+    ids = mx.array([demo.encode(COPY)])
+    o, n = "layers.1.self_attn.o_proj", "layers.1.post_attention_layernorm"
+    base = _logits(demo, ids, capture=[o])
+    same = _logits(demo, ids, interventions=frozen_norm(demo, ids, 1e-6))
+    np.testing.assert_allclose(np.array(same.logits), np.array(base.logits), atol=1e-5)
+    ivs = C.ablation(demo, [C.head(1, 0), C.head(1, 1)]) + frozen_norm(demo, ids, 1e-6)
+    tr = _logits(demo, ids, interventions=ivs, capture=[o, n])
+    x0, x = np.array(base.value(o)), np.array(tr.value(o))
+    g = np.array(demo.op_tensors(n)[f"{n}.weight"].astype(mx.float32))
+    want = g * x / np.sqrt((x0 * x0).mean(-1, keepdims=True) + 1e-6)
+    np.testing.assert_allclose(np.array(tr.value(n)), want, atol=1e-4)
+    assert not np.allclose(np.array(tr.logits), np.array(base.logits), atol=1e-2)
