@@ -106,7 +106,7 @@ def _head_mask(model, site: Site, dtype) -> mx.array:
     return ((mx.arange(H * d) // d) == site.index).astype(dtype)
 
 
-def ablation(model, sites: Sequence[Site], mode: str = "zero", reference=None, prompt_shape=None,
+def ablation(model, sites: Sequence[Site], mode: str = "zero", reference=None,
              dtype=DEFAULT_DTYPE) -> list:
     """The interventions that ablate ``sites`` (all at once) in ``mode``.
 
