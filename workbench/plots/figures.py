@@ -155,9 +155,21 @@ def error_curve(report: Any, metrics: Sequence[str] | None = None, title: str | 
 
 # ------------------------------------------------------------------ activations
 
+def _sequential(name: str = "Blues", top: float = 1.0):
+    """A sequential colour map (white -> dark) for values with no sign: probabilities,
+    magnitudes.  ``top`` < 1 stops short of the darkest colour (so black NaN cells stand out)."""
+    import matplotlib
+    from matplotlib.colors import ListedColormap
+
+    cm = matplotlib.colormaps[name]
+    return cm if top >= 1.0 else ListedColormap(cm(np.linspace(0.0, top, 256)), name=name)
+
+
 def activation_heatmap(x: Any, title: str | None = None, tokens: Sequence[str] | None = None,
                        clip_percentile: float = 99.5) -> Figure:
-    """An activation as tokens x channels, diverging colours around zero.
+    """An activation as tokens x channels: diverging colours around zero for signed values,
+    a sequential map (white -> blue, from 0) when no value is negative (probabilities,
+    magnitudes), so that nothing with no sign is drawn as if it had one.
 
     Leading size-1 dims are dropped; a 3-D value (e.g. heads x tokens x dim) is drawn
     as its first axis stacked.  The colour scale is clipped at the ``clip_percentile`` of
@@ -180,10 +192,15 @@ def activation_heatmap(x: Any, title: str | None = None, tokens: Sequence[str] |
     ax = fig.add_subplot()
     import matplotlib
 
-    cmap = matplotlib.colormaps["RdBu_r"].with_extremes(bad="black")
     shown = np.where(fin, a, np.nan)
-    im = ax.imshow(shown, aspect="auto", interpolation="nearest", cmap=cmap,
-                   norm=TwoSlopeNorm(vcenter=0.0, vmin=-vmax, vmax=vmax))
+    signed = bool(fin.any() and a[fin].min() < 0)
+    if signed:
+        cmap = matplotlib.colormaps["RdBu_r"].with_extremes(bad="black")
+        norm = TwoSlopeNorm(vcenter=0.0, vmin=-vmax, vmax=vmax)
+    else:
+        cmap = _sequential("Blues", top=0.85).with_extremes(bad="black")
+        norm = matplotlib.colors.Normalize(vmin=0.0, vmax=vmax)
+    im = ax.imshow(shown, aspect="auto", interpolation="nearest", cmap=cmap, norm=norm)
     for mask, color, label in ((np.isnan(a), "black", "nan"), (np.isposinf(a), "magenta", "+inf"),
                                (np.isneginf(a), "cyan", "-inf")):
         if mask.any():
@@ -195,7 +212,7 @@ def activation_heatmap(x: Any, title: str | None = None, tokens: Sequence[str] |
     if (~fin).any():
         ax.legend(fontsize=7, loc="upper right")
     cb = fig.colorbar(im, ax=ax, fraction=0.03, pad=0.01)
-    cb.set_label(f"value (clipped at p{clip_percentile:g} |x| = {vmax:.3g})")
+    cb.set_label(f"value{'' if signed else ', non-negative'} (clipped at p{clip_percentile:g} |x| = {vmax:.3g})")
     ax.set_xlabel(f"channel (of {a.shape[1]})")
     if tokens is not None and len(tokens) == a.shape[0] and a.shape[0] <= 64:
         ax.set_yticks(range(a.shape[0]), [_short(t) for t in tokens], fontsize=7)
@@ -216,6 +233,8 @@ def attention_pattern(weights: Any, head: int = 0, tokens: Sequence[str] | None 
     """One head's attention weights, queries (rows) x keys (columns), 0..1.
 
     ``weights``: [B, H, Tq, Tk], [H, Tq, Tk] or [Tq, Tk] (post-softmax probabilities).
+    Probabilities have no sign: a sequential map, white (0) to dark blue (1).  Masked cells
+    (exactly 0: a later key, or outside a sliding window) are hatched, non-finite ones magenta.
     """
     a = _np(weights)
     while a.ndim > 3 and a.shape[0] == 1:
@@ -232,9 +251,25 @@ def attention_pattern(weights: Any, head: int = 0, tokens: Sequence[str] | None 
     tq, tk = a.shape
     fig = Figure(figsize=(max(4.5, min(10, 0.32 * tk + 2.5)), max(4, min(9, 0.3 * tq + 2))))
     ax = fig.add_subplot()
-    im = ax.imshow(np.where(np.isfinite(a), a, np.nan), cmap="viridis", vmin=0.0, vmax=1.0,
+    fin = np.isfinite(a)
+    masked = fin & (a == 0)
+    cmap = _sequential("Blues").with_extremes(bad=(0.0, 0.0, 0.0, 0.0))  # masked cells: the hatch shows through
+    ax.patch.set_hatch("///")
+    ax.patch.set_edgecolor("0.82")
+    im = ax.imshow(np.where(fin & ~masked, a, np.nan), cmap=cmap, vmin=0.0, vmax=1.0,
                    interpolation="nearest", aspect="auto")
-    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.02).set_label("attention weight")
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.02).set_label("attention probability (0 to 1)")
+    handles = []
+    from matplotlib.patches import Patch
+
+    if masked.any():
+        handles.append(Patch(facecolor="white", edgecolor="0.6", hatch="///", label="masked (exactly 0)"))
+    if (~fin).any():
+        r, c = np.nonzero(~fin)
+        ax.plot(c, r, "s", color="magenta", ms=5, ls="none")
+        handles.append(Patch(color="magenta", label=f"NaN / inf ({int((~fin).sum())})"))
+    if handles:
+        ax.legend(handles=handles, fontsize=7, loc="upper right", framealpha=0.9)
     if tokens is not None and len(tokens) >= tk and tk <= 48:
         ktoks = [_short(t) for t in tokens[-tk:]] if len(tokens) != tk else [_short(t) for t in tokens]
         qtoks = [_short(t) for t in tokens[-tq:]]

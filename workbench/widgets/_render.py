@@ -91,8 +91,11 @@ def _pool(a: np.ndarray, n: int, axis: int) -> np.ndarray:
 
 
 def heatmap(a: np.ndarray, cmap: str = "RdBu_r", symmetric: bool = True, vmax: float | None = None,
-            target_width: int = 640, target_height: int = 160) -> tuple[bytes, int, int]:
+            target_width: int = 640, target_height: int = 160, vmin: float | None = None) -> tuple[bytes, int, int]:
     """A 2-D array as a PNG heatmap -> (png bytes, width px, height px).
+
+    ``symmetric``: a diverging map centred on 0 (signed values); else a sequential map from
+    ``vmin`` (default: the smallest value) to ``vmax``.
 
     Cells are integer blocks: columns get ``target_width // cols`` pixels (1..16), rows at
     least as many and up to ``target_height // rows`` (so a few tokens stay readable).
@@ -105,7 +108,7 @@ def heatmap(a: np.ndarray, cmap: str = "RdBu_r", symmetric: bool = True, vmax: f
         m = float(vmax if vmax is not None else (np.abs(vals).max() if vals.size else 1.0)) or 1.0
         x = np.clip((vals / m + 1.0) * 0.5, 0.0, 1.0)
     else:
-        lo = float(vals.min()) if vals.size else 0.0
+        lo = float(vmin if vmin is not None else (vals.min() if vals.size else 0.0))
         hi = float(vmax if vmax is not None else (vals.max() if vals.size else 1.0))
         x = (vals - lo) / ((hi - lo) or 1.0)
     idx = np.clip((x * 255.0).round(), 0, 255).astype(np.uint8)
@@ -123,6 +126,60 @@ def heatmap_png(a: np.ndarray, cmap: str = "RdBu_r", symmetric: bool = True, tar
                 vmax: float | None = None, target_height: int = 160) -> bytes:
     """Just the PNG bytes of :func:`heatmap`."""
     return heatmap(a, cmap, symmetric, vmax, target_width, target_height)[0]
+
+
+#: every abbreviation the widgets show, explained once (tooltips via :func:`abbr`, legends via :func:`glossary`)
+GLOSSARY = {
+    "min": "smallest finite value",
+    "max": "largest finite value",
+    "mean": "average of the finite values",
+    "std": "standard deviation: the typical distance of a value from the mean",
+    "absmax": "absolute maximum: the largest |value|",
+    "zeros": "fraction of values exactly 0",
+    "zero_fraction": "fraction of values exactly 0",
+    "NaN": "not a number (e.g. 0/0, inf - inf); it spreads through every op that reads it",
+    "+inf": "positive infinity (a value beyond the dtype's largest finite number)",
+    "−inf": "negative infinity",
+    "-inf": "negative infinity",
+    "headroom": "absmax as a fraction of the dtype's largest finite value; near 100% is about to overflow",
+    "fp16": "float16: 16-bit floats, largest finite value 65504",
+    "bf16": "bfloat16: 16-bit floats with float32's range (largest ~3.4e38) and fewer digits",
+    "RMS": "root mean square: sqrt(mean(x²))",
+    "‖x‖": "L2 norm of a token's residual vector: sqrt(sum of squares over channels)",
+    "nmse": "normalised mean squared error: mean((engine − reference)²) / mean(reference²); 0 = identical",
+    "NMSE": "normalised mean squared error: mean((engine − reference)²) / mean(reference²); 0 = identical",
+    "cosine": "cosine similarity of engine and reference values as vectors; 1 = same direction",
+    "cos": "cosine similarity of engine and reference values as vectors; 1 = same direction",
+    "1-cosine": "1 − cosine similarity: 0 when the engine's values point the same way as the reference's",
+    "max_abs": "largest absolute difference |engine − reference| over all elements",
+    "max_rel": "largest relative difference |engine − reference| / |reference| (where the reference is not ~0)",
+    "local nmse": "nmse of our op run on the engine's own inputs: is this op wrong, or only its inputs?",
+    "ref": "reference (our op program / the reference implementation)",
+    "cb": "command buffer: the engine's batch of dispatches submitted together",
+    "raw": "read after write: a read that may see a write it was not ordered after",
+    "war": "write after read: a write that may clobber bytes before an earlier read finished",
+    "waw": "write after write: two writes to the same bytes without an order between them",
+    "✗": "missing: the config expects this tensor and the checkpoint has none",
+    "!": "problem: present but unexpected, mis-shaped, wrong dtype or quantization, or non-finite",
+    "attn": "self_attn (the attention block)",
+    "mlp": "the feed-forward block (multi-layer perceptron)",
+    "q/k/v/o_proj": "query / key / value / output projection of attention",
+}
+
+
+def abbr(term: str, text: str | None = None) -> str:
+    """``term`` (or ``text``) as HTML with its explanation from :data:`GLOSSARY` as a tooltip."""
+    shown = html.escape(term if text is None else text)
+    tip = GLOSSARY.get(term)
+    if tip is None:
+        return shown
+    return (f'<abbr title="{html.escape(tip, quote=True)}" style="text-decoration:underline dotted;'
+            f'cursor:help">{shown}</abbr>')
+
+
+def glossary(terms) -> str:
+    """One plain-text legend line: ``term = explanation; ...`` (for text outputs)."""
+    return "; ".join(f"{t} = {GLOSSARY[t]}" for t in terms)
 
 
 def fmt(x, spec: str = ".4g") -> str:
@@ -170,7 +227,7 @@ def headroom_bar(frac: float | None, label: str) -> str:
         pct = min(100.0, max(0.0, frac * 100.0))
         txt = f"{frac:.2%}" if frac >= 1e-4 else f"{frac:.1e}"
         color = "#c00" if frac >= 0.5 else "#e90" if frac >= 0.1 else "#393"
-    return (f'<span style="display:inline-block;width:50px">{html.escape(label)}</span>'
+    return (f'<span style="display:inline-block;width:50px">{abbr(label)}</span>'
             f'<span style="display:inline-block;width:160px;height:9px;background:#eee;vertical-align:middle">'
             f'<span style="display:block;width:{max(pct, 0.5):.1f}%;height:9px;background:{color}"></span></span>'
             f' <span style="font-family:monospace">{txt}</span>')

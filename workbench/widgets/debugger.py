@@ -10,8 +10,13 @@ holds a NaN or an infinity, and explains the first one) · run to the end.
 Shown for the current op (the last one run): its name, kind, layer, input and output
 shapes; statistics and the fraction of float16's and bfloat16's range its largest value
 uses (the headroom: close to 100% means about to overflow); a heatmap of the value
-(tokens x channels; non-finite cells bright green); on attention ops, one head's
-attention pattern (pick the head); and the residual-stream norm of every layer so far.
+(tokens x channels; red/blue around zero for signed values, white to dark blue for
+non-negative ones such as probabilities; non-finite cells bright green); on the attention
+ops of a layer once its softmax ran, the attention pattern with token labels and hover
+(:class:`~workbench.widgets.attention.AttentionView`; pick the head); and the
+residual-stream norm of every layer so far.  At module granularity attention is fused
+(no softmax step): a one-line note says so instead.  Every abbreviation shown has a
+tooltip (hover it).
 A log (an Output widget) records every action.  Ops are numbered from 0, as
 ``Step.index`` and the NaN hunt number them: the header, the log and the hunt all say
 ``op #23`` for the 24th op.  Buttons work from any thread and show their errors in the
@@ -33,11 +38,13 @@ import ipywidgets as W
 import numpy as np
 
 from workbench.widgets._actions import Actions
-from workbench.widgets._render import (BF16_MAX, _lut, FP16_MAX, as_2d, fmt, headroom_bar, heatmap, shape_str,
+from workbench.widgets._render import (BF16_MAX, _lut, FP16_MAX, abbr, as_2d, fmt, headroom_bar, heatmap, shape_str,
                                        table)
+from workbench.widgets.attention import AttentionView, decoded_tokens, module_note, softmax_op, token_labels
 
 _RESID = re.compile(r"^layers\.(\d+)$")
-_ATTN = re.compile(r"^layers\.(\d+)\.self_attn\.")
+#: an attention step: op-program ops under ``self_attn``, or a module-level attention module call
+_ATTN = re.compile(r"^layers\.(\d+)\.(?:self_attn|attention|attn)(?:\.|$)")
 
 #: the numbering, said once in the header (the same as Step.index, the log and the NaN hunt)
 _NUMBERING = "<br><span style='color:#777;font-size:90%'>ops are numbered #0 to #{last}, as Step.index</span>"
@@ -61,7 +68,7 @@ class StepDebugger(W.VBox):
         self.trace = trace
         self.tokens = tokens if tokens is not None else self._tokens()
         self.last_update_s = 0.0
-        _lut("RdBu_r"), _lut("viridis")  # colour tables ready before the first click
+        _lut("RdBu_r"), _lut("Blues")  # colour tables ready before the first click
 
         b = lambda desc, icon, cls, tip: self._button(desc, icon, cls, tip)  # noqa: E731
         self.back_button = b("back", "step-backward", "wb-back", "undo the last op")
@@ -93,14 +100,14 @@ class StepDebugger(W.VBox):
         self.heatmap = W.Image(format="png", layout=W.Layout(max_width="100%", object_fit="contain"))
         self.heatmap.add_class("wb-heatmap")
         self.heatmap_note = W.HTML()
-        self.head = W.BoundedIntText(value=head, min=0, max=max(0, self._num_heads() - 1), description="head",
-                                     layout=W.Layout(width="150px"))
-        self.head.add_class("wb-head")
-        self.head.observe(act("pick a head", lambda ch: self._draw_attention()), names="value")
-        self.attention = W.Image(format="png")
+        # the attention panel: the pattern (its own head selector, drawn in the page) or a note
+        self._head0 = head  # the head shown first, once a pattern with that many heads appears
+        self.attention = AttentionView(np.zeros((1, 1, 1), np.float32), [""], [""])
         self.attention.add_class("wb-attention")
+        self.attention.layout.display = "none"
         self.attention_note = W.HTML()
-        self.attention_box = W.VBox([W.HBox([self.head, self.attention_note]), self.attention])
+        self.attention_note.add_class("wb-attention-note")
+        self.attention_box = W.VBox([self.attention_note, self.attention])
         self.norms_html = W.HTML()
         self.norms_html.add_class("wb-residual-norms")
         self.output = W.Output(layout=W.Layout(max_height="160px", overflow="auto", border="1px solid #ddd"))
@@ -122,23 +129,7 @@ class StepDebugger(W.VBox):
         return btn
 
     def _tokens(self):
-        model = getattr(self.trace, "model", None)
-        ids = getattr(self.trace, "ids", None)
-        if model is None or ids is None or getattr(model, "tokenizer", None) is None:
-            return None
-        try:
-            row = ids.tolist()[0] if ids.ndim == 2 else ids.tolist()
-            return [model.decode([i]) for i in row]
-        except Exception:  # a tokenizer that cannot decode single ids: no labels
-            return None
-
-    def _num_heads(self) -> int:
-        model = getattr(self.trace, "model", None)
-        cfg = getattr(model, "config", None) or {}
-        try:
-            return int(cfg.get("num_attention_heads", 1))
-        except (AttributeError, TypeError, ValueError):
-            return 1
+        return decoded_tokens(self.trace)
 
     @property
     def current_step(self):
@@ -315,11 +306,13 @@ class StepDebugger(W.VBox):
         if not st:
             self.stats_html.value = "<i>no statistics (capture=None)</i>"
             return
-        rows = [("min", fmt(st["min"])), ("max", fmt(st["max"])), ("mean", fmt(st["mean"])),
-                ("std", fmt(st["std"])), ("absmax", fmt(st["absmax"])), ("zeros", f"{st['zero_frac']:.1%}")]
+        rows = [(("html", abbr(k)), v) for k, v in (
+            ("min", fmt(st["min"])), ("max", fmt(st["max"])), ("mean", fmt(st["mean"])), ("std", fmt(st["std"])),
+            ("absmax", fmt(st["absmax"])), ("zeros", f"{st['zero_frac']:.1%}"))]
         nf = (st["nan"], st["posinf"], st["neginf"])
         color = "#c00" if any(nf) else "#393"
-        rows.append(("nan / +inf / −inf", ("html", f"<span style='color:{color}'>{nf[0]} / {nf[1]} / {nf[2]}</span>")))
+        rows.append((("html", f"{abbr('NaN')} / {abbr('+inf')} / {abbr('−inf')}"),
+                     ("html", f"<span style='color:{color}'>{nf[0]} / {nf[1]} / {nf[2]}</span>")))
         am = st["absmax"]
         inf = bool(st["posinf"] or st["neginf"])
         f16 = float("inf") if inf else (am / FP16_MAX if am is not None and math.isfinite(am) else None)
@@ -327,8 +320,8 @@ class StepDebugger(W.VBox):
         b16_note = ""
         if inf and s.dtype == "float16":  # infinite because of float16's range: bfloat16's is unknown here
             b16, b16_note = None, " <i>(unknown: infinite in this float16 run)</i>"
-        self.stats_html.value = (table(rows) + "<div style='margin-top:4px'><b>headroom</b> "
-                                 "(absmax / largest finite value)</div>"
+        self.stats_html.value = (table(rows) + f"<div style='margin-top:4px'><b>{abbr('headroom')}</b> "
+                                 f"({abbr('absmax')} / the dtype's largest finite value)</div>"
                                  + headroom_bar(f16, "fp16") + "<br>" + headroom_bar(b16, "bf16") + b16_note
                                  + "<div style='height:6px'></div>")
 
@@ -350,26 +343,37 @@ class StepDebugger(W.VBox):
             self.heatmap_note.value = f"<i>{v.dtype} value, not drawn</i>"
             return
         a, note = as_2d(v)
-        fin = np.abs(a[np.isfinite(a)])
+        finite = a[np.isfinite(a)]
+        fin = np.abs(finite)
         vmax = float(np.percentile(fin, 99.5)) if fin.size else 1.0
         if not vmax > 0:
             vmax = float(fin.max()) if fin.size and fin.max() > 0 else 1.0
-        png, w, h = heatmap(a, cmap="RdBu_r", symmetric=True, vmax=vmax, target_width=560, target_height=200)
+        signed = bool(finite.size and finite.min() < 0)
+        if signed:  # a diverging map around zero
+            png, w, h = heatmap(a, cmap="RdBu_r", symmetric=True, vmax=vmax, target_width=560, target_height=200)
+            scale = f"blue &lt; 0 &lt; red, colours clipped at ±{vmax:.3g}"
+        else:  # non-negative (probabilities, magnitudes): a sequential map from 0
+            png, w, h = heatmap(a, cmap="Blues", symmetric=False,
+                                vmin=0.0, vmax=vmax, target_width=560, target_height=200)
+            scale = f"non-negative values: white = 0 to dark blue = {vmax:.3g} and above"
         self.heatmap.value = png
         self.heatmap.layout.width, self.heatmap.layout.height = f"{w}px", f"{h}px"
         self.heatmap_note.value = (f"<b>value</b> {shape_str(v.shape)} as {a.shape[0]} rows × {a.shape[1]} "
-                                   f"columns (blue < 0 < red, colours clipped at ±{vmax:.3g}, the 99.5th percentile "
-                                   f"of |x|; green = NaN/Inf)" + (f"; {html.escape(note)}" if note else ""))
+                                   f"columns ({scale}, the 99.5th percentile of |x|; green = {abbr('NaN')} or "
+                                   f"{abbr('+inf', 'Inf')})" + (f"; {html.escape(note)}" if note else ""))
+
+    def _attention_layer(self) -> int | None:
+        """The layer of the current step when it is an attention step, else None."""
+        s = self.current_step
+        m = _ATTN.match(s.name) if s is not None else None
+        return int(m.group(1)) if m else None
 
     def _attention_op(self):
         """The softmax op of the current op's layer, when on an attention op and it ran."""
-        s = self.current_step
-        if s is None:
+        layer = self._attention_layer()
+        if layer is None:
             return None
-        m = _ATTN.match(s.name)
-        if not m:
-            return None
-        name = f"layers.{m.group(1)}.self_attn.softmax"
+        name = softmax_op(layer)
         try:
             idx = self.trace.program.index(name)
         except KeyError:
@@ -377,29 +381,48 @@ class StepDebugger(W.VBox):
         return name if idx < self.trace.position else None
 
     def _draw_attention(self) -> None:
-        name = self._attention_op()
-        v = self._value(name) if name else None
-        if v is None:
+        layer = self._attention_layer()
+        if layer is None:
             self.attention_box.layout.display = "none"
-            self.attention.value = b""
             return
         self.attention_box.layout.display = None
+        name = softmax_op(layer)
+        why = module_note(self.trace)
+        v = None
+        if why is None:
+            try:
+                idx = self.trace.program.index(name)
+            except KeyError:
+                idx = None
+            if idx is None:
+                why = f"this program has no <code>{name}</code> op: no attention pattern to draw"
+            elif idx >= self.trace.position:
+                why = f"the attention pattern appears once op #{idx} <code>{name}</code> has run"
+            else:
+                v = self._value(name)
+                if v is None:
+                    why = (f"the value of <code>{name}</code> was not kept (trace with capture='full' "
+                           f"or a pattern matching it to see the attention pattern)")
+        if v is None:
+            self.attention.layout.display = "none"
+            self.attention_note.value = f"<i>attention: {why}</i>"
+            return
         while v.ndim > 3 and v.shape[0] == 1:
             v = v[0]
         if v.ndim == 4:  # a batch: first row
             v = v[0]
-        heads = v.shape[0] if v.ndim == 3 else 1
-        self.head.max = max(0, heads - 1)
-        h = min(self.head.value, heads - 1)
-        a = v[h] if v.ndim == 3 else v
-        png, pw, ph = heatmap(a, cmap="viridis", symmetric=False, vmax=1.0, target_width=320, target_height=320)
-        self.attention.value = png
-        self.attention.layout.width, self.attention.layout.height = f"{pw}px", f"{ph}px"
-        toks = ""
-        if self.tokens and len(self.tokens) == a.shape[0] and a.shape[0] <= 24:
-            toks = "<br>tokens: " + " · ".join(f"<code>{html.escape(t)}</code>" for t in self.tokens)
-        self.attention_note.value = (f"<b>attention pattern</b> of <code>{name}</code>, head {h} of {heads}: "
-                                     f"row = query token, column = key token it attends to (yellow = 1){toks}")
+        if v.ndim == 2:
+            v = v[None]
+        heads, t, k = v.shape
+        tq, tk = token_labels(self.trace, t, k, tokens=self.tokens)
+        head = self.attention.head
+        if self._head0 is not None:
+            head, self._head0 = self._head0, None
+        self.attention.show(v, tq, tk, head=min(max(0, head), heads - 1), title=name)
+        self.attention.layout.display = None
+        self.attention_note.value = (f"<b>attention pattern</b> of <code>{name}</code> ({heads} heads): row = "
+                                     f"query token, column = key token it attends to; hover a cell for its "
+                                     f"probability")
 
     def _draw_norms(self) -> None:
         norms = self._residual_norms()
@@ -425,5 +448,5 @@ class StepDebugger(W.VBox):
                              f'<title>layers.{i}: non-finite</title></rect>')
             parts.append(f'<text x="{xx + bw / 2}" y="{H + 16}" text-anchor="middle">{i}</text>')
         parts.append(f'<text x="0" y="12">{top:.3g}</text><text x="0" y="{H + 4}">0</text></svg>')
-        self.norms_html.value = ("<b>residual-stream norm</b> after each layer so far (RMS over tokens of "
-                                 "‖x‖)<br>" + "".join(parts))
+        self.norms_html.value = (f"<b>residual-stream norm</b> after each layer so far ({abbr('RMS')} over tokens "
+                                 f"of {abbr('‖x‖')})<br>" + "".join(parts))
