@@ -423,6 +423,7 @@ def test_planted_nan_block_is_reported_in_every_metric_and_view(ckpt, reference,
     assert np.isnan(pe[2:5]).all() and np.isfinite(pe[[0, 1, 5, 6]]).all()  # never 0 beside a NaN
     assert o.nonfinite["per_row"] == [0, 0, 4, 4, 4, 0, 0]
     assert any("non-finite in the engine" in why for why in o.reasons)
+    assert o.local_diverged and "non-finite values on one side only" in r.verdict()  # not "local nmse nan"
     # --json: strict JSON, nulls and counts, never a number standing in for the NaN
     assert main(args + ["--json"]) == 1
     raw = capsys.readouterr().out

@@ -46,6 +46,16 @@ def _num(x: float | None) -> float | None:
     return float(x)
 
 
+def _local(o: "OpDiff") -> str:
+    """The local error in words: its nmse, or what its NaN means."""
+    x = o.local_nmse
+    if x is not None and not math.isnan(x):
+        return f"local nmse {x:.3g}"
+    if o.local_diverged:
+        return "local: non-finite values on one side only, where the other is finite"
+    return "local: non-finite on both sides, as the engine's inputs are"
+
+
 @dataclass
 class OpDiff:
     """One of our ops matched with an engine tensor."""
@@ -199,7 +209,7 @@ class DiffReport:
             if fl is None:
                 return None
             return (f"no op is beyond tolerance, but {fl.op} is computed differently: fed the engine's own "
-                    f"inputs, our op does not reproduce the engine's output (local nmse {fl.local_nmse:.3g}, "
+                    f"inputs, our op does not reproduce the engine's output ({_local(fl)}, "
                     f"cosine {fl.local_cosine:.6g}); look at this op")
         if fd.status == "shape":
             n_shape = sum(o.status == "shape" for o in self.ops)
@@ -209,21 +219,21 @@ class DiffReport:
             return f"{fd.op}: the engine's tensor has another shape ({fd.reasons[0]}){hint}"
         if fd.local_diverged:
             return (f"{fd.op} is computed differently: fed the engine's own inputs, our op does not reproduce "
-                    f"the engine's output (local nmse {fd.local_nmse:.3g}); look at this op")
+                    f"the engine's output ({_local(fd)}); look at this op")
         fl = self.first_local_divergence
         drift = ("error accumulates (precision), or sits in an op whose inputs were not dumped"
                  + ("" if self.noise_dtype else " (an engine computing in bfloat16/float16: try --noise-floor)"))
         if fd.local_diverged is False:
-            head = f"{fd.op} is right on the engine's inputs (local nmse {fd.local_nmse:.3g}): the error came in upstream"
+            head = f"{fd.op} is right on the engine's inputs ({_local(fd)}): the error came in upstream"
             if fl is None:
                 return head + "; no single op is wrong on its own: " + drift
             if fl.index < fd.index:
-                return head + f"; the op that is itself wrong is {fl.op} (local nmse {fl.local_nmse:.3g}); look at it"
-            return head + f"; {drift}; later, {fl.op} is itself wrong (local nmse {fl.local_nmse:.3g})"
+                return head + f"; the op that is itself wrong is {fl.op} ({_local(fl)}); look at it"
+            return head + f"; {drift}; later, {fl.op} is itself wrong ({_local(fl)})"
         if fl is not None:  # the first divergence's own inputs were not all dumped
             where = "before" if fl.index < fd.index else "after"
             return (f"the first op found wrong on the engine's own inputs is {fl.op} ({where} the first divergence; "
-                    f"local nmse {fl.local_nmse:.3g}); {fd.op}'s inputs were not all dumped")
+                    f"{_local(fl)}); {fd.op}'s inputs were not all dumped")
         return None
 
     def to_dict(self) -> dict[str, Any]:
