@@ -212,8 +212,11 @@ function render({ model, el: host }) {
       tip.textContent = text;
       cursor.style.display = "block";
       cursor.style.left = j * cell + "px"; cursor.style.top = i * cell + "px";
-      tip.style.display = "block";
-      tip.style.left = (j + 1) * cell + 4 + "px"; tip.style.top = (i + 1) * cell + 2 + "px";
+      tip.style.display = "block";  // beside the cell, flipped to stay inside the grid
+      let x = (j + 1) * cell + 4, y = (i + 1) * cell + 2;
+      if (x + tip.offsetWidth > Tk * cell) x = Math.max(0, j * cell - tip.offsetWidth - 4);
+      if (y + tip.offsetHeight > Tq * cell) y = Math.max(0, i * cell - tip.offsetHeight - 2);
+      tip.style.left = x + "px"; tip.style.top = y + "px";
     });
     area.addEventListener("mouseleave", () => {
       clear();
