@@ -1,0 +1,432 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 10 · "My engine gives NaN on Gemma 4": the engineer's playbook
+#
+# You ported Gemma 4 to your own inference engine — Metal (Apple's GPU interface) or CUDA
+# (NVIDIA's). It runs without an error, and every logit (the scores the model gives each
+# vocabulary entry for the next token) is NaN ("not a number", the IEEE float value that
+# `0/0` or `∞ − ∞` produce, and that every later operation passes on).
+#
+# This notebook walks the whole path from that symptom to the line to change, with the
+# workbench's command-line tools in the order an engineer would use them. Each step rules
+# something out:
+#
+# | step | command | question it answers |
+# |---|---|---|
+# | 1 | `workbench inspect` | is the checkpoint sound: every tensor present, the right shape, finite? |
+# | 2 | `workbench hunt` | does the *reference* forward pass stay finite on the same tokens? |
+# | 3 | `workbench dump` + `workbench diff` | where does my engine first part from the reference, and where are the bad values? |
+# | 4 | `workbench hazards` | which dispatch overwrites which buffer, at which bytes? |
+# | 5 | the fix, then 3 and 4 again | clean? |
+#
+# Every command prints readable text (and JSON with `--json`) and exits with status 0
+# when it found nothing, 1 when it found a problem, 2 when its input is unusable. Each has
+# a Python equivalent, shown next to it.
+#
+# **The engine.** We cannot ship your engine, so we emulate one. A GPU engine runs a model
+# as a list of **dispatches** — each launches one kernel (a matrix multiply, a norm, the
+# attention scores) that reads byte ranges of some GPU buffers and writes its result into
+# another. To save memory it reuses a small pool of **scratch buffers**. The emulator
+# (`workbench.buffers.Emulator`) does exactly that with the model's *op program* (the list
+# of named operations the model is made of, `layers.0.self_attn.q_proj`, ...): a **plan**
+# says in which buffer, at which byte offset, each value lives; each op is a dispatch that
+# reads its inputs' bytes and writes its output's bytes; a kernel whose output overlaps
+# one of its inputs computes tile by tile, as on a GPU. Scratch memory starts as `0xFF`
+# bytes, which read as NaN. Everything is recorded as a **schedule**, the JSON log of
+# dispatches that `workbench hazards` reads (your engine can write the same log).
+#
+# The bug planted below is modelled on a real port: a Metal engine for Gemma produced NaN
+# because one attention kernel's output buffer was also one of its inputs; its authors
+# found it by trial and error, isolating buffers one at a time, and fixed it by giving the
+# attention output scratch buffers of its own.
+
+# %%
+import workbench                      # first: on Linux, points MLX at a fast BLAS (matrix-multiply library)
+import numpy as np
+import mlx.core as mx
+from IPython.display import display
+# %matplotlib inline
+np.random.seed(0); mx.random.seed(0)
+np.set_printoptions(precision=4, suppress=True, linewidth=110)
+
+import os, sys, tempfile, pathlib
+import matplotlib.pyplot as plt
+from workbench.demo.paths import DEMO
+from workbench.buffers import Emulator, analyze, load_schedule
+from workbench.diff import compare, dump
+from workbench.trace import hunt
+# `!workbench ...` cells run this environment's command-line tool
+os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+work = pathlib.Path(tempfile.mkdtemp())   # the files we write; `!cd {work} && ...` runs a command there
+demo_dir = os.path.relpath(DEMO)          # the checkpoint, relative to this folder
+
+model = workbench.load(DEMO)
+prompt = "mia red kite . tom blue cup . anna green hat . mia"
+ids = model.encode(prompt)
+IDS = ",".join(map(str, ids))          # the same token ids for every command
+print(model)
+print(len(ids), "tokens:", IDS)
+
+# %% [markdown]
+# The checkpoint is the workbench's **demo model**: a small trained Gemma 4 (`gemma4_text`):
+# 4 layers — three *sliding-window* attention layers (each token sees the last 16 tokens)
+# and one *full* attention layer —, hidden size 128, 4 query heads sharing 2 key/value
+# heads (GQA, grouped-query attention), weights stored in bfloat16 (a 16-bit float with
+# float32's range and about 3 significant digits). Asked to continue the prompt above, it
+# recalls the colour that went with "mia": " red".
+#
+# ## The symptom
+#
+# Here is the engine. Its memory plan starts from the emulator's default (one scratch buffer
+# per kind of value, reused from layer to layer once the previous layer's value is dead) and
+# adds one memory-saving idea of its author: *the attention-score kernel is the last reader
+# of the keys `k_cache`, so let it write the scores into the keys' buffer.* Pretend you
+# have not read this cell: the point is to find the mistake with the tools.
+
+# %%
+emu = Emulator(model, ids)                        # the engine, for these token ids
+plan = emu.plan()                                 # the default plan: hazard-free
+engine_plan = plan
+for layer in range(4):
+    engine_plan = engine_plan.place(f"layers.{layer}.self_attn.scores", like=f"layers.{layer}.self_attn.k_cache")
+
+run = emu.run(engine_plan)
+logits = run.logits[0, -1]                        # the next-token logits
+print(f"NaN logits: {int(np.isnan(run.logits).sum())} of {run.logits.size}")
+print("engine's next token:", repr(model.decode([int(np.argmax(logits))])))
+
+# %% [markdown]
+# Every logit is NaN (and `argmax` over NaN picks token 0, the padding token `<pad>`). Now
+# the playbook.
+#
+# ## 1 · Is the checkpoint sound? `workbench inspect`
+#
+# NaN from a port is often a *loading* problem: a tensor missing or misnamed (so the engine
+# multiplies by uninitialised memory), stored transposed, or quantized differently from what
+# the config says. `inspect` checks every tensor against what the config implies, and
+# `--values` also scans every value for NaN and Inf (infinity); `--no-progress` leaves the
+# progress bar out of this page.
+
+# %%
+# !workbench inspect {demo_dir} --values --no-progress; echo "exit status: $?"
+
+# %% [markdown]
+# The grid has one row per group of identical layers and one column per tensor kind:
+# `q k v o` the query, key, value and output projections of attention; `qn kn` the query
+# and key norms; `gate up down` the three MLP (feed-forward) projections; `in` the input
+# norm, `pa` the post-attention norm, `pf` / `pff` the pre- and post-feed-forward norms;
+# `plg plp pln` Gemma 4's per-layer-input gate, projection and norm; `ls` the layer scalar.
+# All present (✓), no NaN or Inf: **the weights are not the problem.** In Python:
+
+# %%
+checkpoint_report = workbench.inspect(DEMO, values=True)
+print("ok:", checkpoint_report.ok, "| problems:", checkpoint_report.problems)
+
+# %% [markdown]
+# ## 2 · Is the model itself finite? `workbench hunt`
+#
+# Some models *do* overflow: Gemma's activations can exceed float16's largest value
+# (65 504), and then the reference goes to Inf too. `hunt` runs the reference forward pass
+# (our op program, checked against mlx-lm) on the same tokens, in the checkpoint's dtype,
+# and reports the first op whose output holds NaN or Inf and why. It also lists the ops
+# closest to overflow, as a fraction of the dtype's largest value.
+
+# %%
+# !workbench hunt {demo_dir} --ids {IDS}; echo "exit status: $?"
+
+# %%
+h = hunt(model, ids)
+print(h, "| found:", h.found)
+print("reference's next token:", repr(model.decode([int(np.argmax(emu.reference["logits"][0, -1]))])))
+
+# %% [markdown]
+# Clean, with a huge margin (the largest activation is ~10⁻³⁷ of bfloat16's range): **the
+# model is not the problem; the engine is.** Two hypotheses are gone in two commands.
+#
+# ## 3 · Where does the engine go wrong? `workbench dump` + `workbench diff`
+#
+# The diff compares the engine's intermediate tensors with the reference's, op by op, and
+# names the **first divergence** — after it, everything is wrong anyway. It needs:
+#
+# * the engine's tensors for the same token ids, under any names, in a `.safetensors`
+#   file, an `.npz` (numpy's archive of arrays) or a folder of `.npy` files. Copy each
+#   op's output to the host **right after its dispatch** (a debug build that waits for the
+#   GPU after every dispatch): a buffer reused later would otherwise show what overwrote it;
+# * names: this engine already names its tensors, and its dispatches in the schedule of
+#   step 4, with the workbench's op names (`layers.0.self_attn.scores`), so the two line up
+#   with no work; an engine with names of its own (`blk.0.attn_scores`) adds
+#   `--map rules.json`, a list of `[regex, replacement]` pairs;
+# * the reference: `workbench dump` writes its activations once, with the token ids in the
+#   file, so later diffs need no ids and no second reference run.
+#
+# The emulator gives each op's output as its dispatch wrote it — our engine's debug dump:
+
+# %%
+engine_dump = work / "engine.npz"
+np.savez(engine_dump, **run.outputs)            # {op name: float32 array}
+print(len(run.outputs), "engine tensors, e.g.", list(run.outputs)[20:23])
+
+# %%
+# !cd {work} && workbench dump {DEMO} --ids {IDS} --out ref.safetensors
+
+# %%
+# !cd {work} && workbench diff ref.safetensors engine.npz; echo "exit status: $?"
+
+# %% [markdown]
+# How to read it:
+#
+# * **first divergence: `layers.0.self_attn.scores`**, op #22 (ops are numbered in
+#   execution order from 0): the attention scores of layer 0, `q · k` for every query
+#   token, key token and head, with masked positions filled. Everything before it matches
+#   bit for bit.
+# * **267 elements non-finite in the engine, finite in the reference.** The headline
+#   metrics (cosine similarity, NMSE — the mean squared error divided by the reference's
+#   variance — and the largest absolute error) are `nan` beside them, never a clean-looking
+#   number; the line below gives them over the elements finite in both: cosine 1, NMSE 0.
+#   The engine's arithmetic is *exact* wherever it produced a number.
+# * **where:** tokens 0–13 (all 14) × channels `0-5, 14-26, 28-31, 42-52` (34 of 56). The
+#   scores have shape `[1, heads, query token, key token]`; the diff takes the query token
+#   as the token axis, and channel = head × 14 + key position. So: keys 0–5 for head 0,
+#   keys 0–12 for head 1, 0–3 for head 2, 0–10 for head 3.
+# * **its inputs** `q_rope` (the queries after RoPE, the rotary position embedding) and
+#   `k_cache` (the keys) were fine when the engine dumped them, and the verdict says so:
+#   fed the engine's own inputs, our op does not reproduce its output — look at this op.
+# * the `non-finite` column shows the NaN spreading: the softmax, then every op after.
+#
+# The same in Python, where the report is data:
+
+# %%
+ref = dump(model, ids=ids)            # `workbench dump` in Python (in memory; out=PATH writes the file too)
+report = compare(ref, engine_dump)    # `workbench diff`: a dump path, a Reference, or the checkpoint + ids
+fd = report.first_divergence
+print(fd.op, "| non-finite:", fd.nonfinite["count"], fd.nonfinite_engine, "| tokens", fd.nonfinite["rows"],
+      "x channels", fd.nonfinite["channels"], "| block-shaped (tile):", fd.nonfinite["tile"])
+print(report.verdict())
+
+# %% [markdown]
+# Of the 267, 264 are NaN and 3 are infinities (`nonfinite_engine`). Draw them on the heads'
+# score maps (query token down, key token across; the grey upper triangle is the causal
+# mask — a token never sees later tokens):
+
+# %%
+ref_scores = emu.reference["layers.0.self_attn.scores"][0]
+eng_scores = run.outputs["layers.0.self_attn.scores"][0]
+fig, axes = plt.subplots(1, 4, figsize=(11, 3), sharey=True)
+for head, ax in enumerate(axes):
+    bad = ~np.isfinite(eng_scores[head])
+    img = np.where(ref_scores[head] < -1e30, 0.5, bad.astype(float))
+    ax.imshow(img, cmap="Greys", vmin=0, vmax=1.2)
+    ax.set_title(f"head {head}: {int(bad.sum())} non-finite")
+    ax.set_xlabel("key token")
+axes[0].set_ylabel("query token")
+fig.suptitle("layer 0 attention scores: NaN or ±inf (black), masked (grey), fine (white)")
+fig.tight_layout()
+
+# %% [markdown]
+# In every row the bad values sit at the **leading keys**, and there are more of them the
+# later the row is computed (rows run top to bottom, head after head): query 1 of head 0
+# has key 0 bad, query 13 keys 0–5; head 1, computed after head 0, is worse. The keys are being
+# eaten front to back *while the kernel runs* — yet the keys the engine dumped right after
+# writing them are correct, and every score that is a number is exact. Arithmetic does not
+# look like that; something overwrote the keys' bytes while the score kernel was still
+# reading them. That is a memory question, and the next tool answers memory questions.
+#
+# (The diff adds a pointer to `workbench hazards` by itself when the bad values form a few
+# contiguous token × channel blocks — its `tile` flag — the print a buffer read before it
+# was written leaves; exercise 2 shows one. This staircase is not block-shaped, so here it
+# is our reading that leads to step 4.)
+#
+# ## 4 · Which dispatch, which buffer, which bytes? `workbench hazards`
+#
+# The schedule is the engine's own log of what it encoded: per dispatch, the buffer, byte
+# offset and size of every read and write. Your engine writes it while encoding (a few
+# lines in the encoder; docs/schedule.md in the repository has the format and Metal/CUDA
+# snippets); the emulator records it for us:
+
+# %%
+schedule = work / "engine.schedule.json"
+run.schedule.save(schedule)
+# !cd {work} && workbench hazards engine.schedule.json --max 1; echo "exit status: $?"
+
+# %% [markdown]
+# Four hazards, one per layer, all alike (`--max 1` prints the first; the Python below lists
+# all four): **dispatch 22, `layers.0.self_attn.scores`, reads its input `in1` (the keys,
+# `k_cache`) at bytes [0, 1792) of buffer `self_attn.k_cache` and writes its output at
+# [0, 1568) of the same buffer.**
+# `partial-overlap` means a read and a write of one dispatch overlap without being the same
+# range, so element *k* of the output lands on another element of the input: no kernel can
+# do that safely. (A serial schedule has no barriers, so event 22 is the 23rd dispatch: op
+# #22 of the diff.)
+#
+# Why NaN, rather than merely wrong numbers? A GPU kernel computes its output in tiles.
+# Once the first tiles of scores land in the keys' bytes, later tiles read *scores* as
+# keys — including the mask fill, bfloat16's lowest finite value −3.39·10³⁸, which the score
+# op writes at masked positions so that they vanish in the softmax. A dot product of a
+# query with such a "key" overflows to +∞ and −∞ at once, and ∞ − ∞ = NaN (where it
+# overflows one way only, the score is ±∞: the 3 infinities). With 2 key
+# heads for 4 query heads (GQA), head 1 still needs the keys head 0's scores have already
+# overwritten: "the kernel is the last reader of K" was true *after* the kernel, not
+# *during* it.
+#
+# In Python, `analyze` returns the hazards as data:
+
+# %%
+hazards = analyze(load_schedule(schedule))
+for hz in hazards:
+    print(f"event {hz.event:3d}  {hz.kind}  buffer {hz.buffer!r}  bytes {hz.range}  "
+          f"({run.schedule.events[hz.event].name})")
+
+# %% [markdown]
+# ## 5 · The fix: a scratch buffer of its own
+#
+# Give the scores their own scratch buffer (here `attn_scores`: 4 heads × 14 × 14 scores ×
+# 2 bytes = 1568 bytes, reused by every layer), then run steps 3 and 4 again:
+
+# %%
+fixed_plan = engine_plan
+for layer in range(4):
+    fixed_plan = fixed_plan.place(f"layers.{layer}.self_attn.scores", buffer="attn_scores")
+fixed = emu.run(fixed_plan)
+print(fixed.summary())
+print("engine's next token:", repr(model.decode([int(np.argmax(fixed.logits[0, -1]))])))
+
+np.savez(work / "fixed.npz", **fixed.outputs)
+fixed.schedule.save(work / "fixed.schedule.json")
+
+# %%
+# !cd {work} && workbench diff ref.safetensors fixed.npz > fixed_diff.txt; echo "exit status: $?"; head -n 1 fixed_diff.txt
+# !cd {work} && workbench hazards fixed.schedule.json; echo "exit status: $?"
+
+# %%
+fixed_report = compare(work / "ref.safetensors", work / "fixed.npz")
+print("first divergence:", fixed_report.first_divergence, "| hazards:", analyze(fixed.schedule),
+      "| logits bit-identical to the reference:", fixed.exact)
+
+# %% [markdown]
+# No divergence in any of the 143 ops, no hazard, and the logits are bit for bit the
+# reference's: the engine recalls " red" again.
+#
+# (A real engine at long context would not materialise the scores at all — a fused
+# attention kernel keeps them in on-chip memory — but the rule is the same for every
+# scratch buffer: a kernel's output must not land on bytes any of its inputs still
+# occupies, unless the kernel is element-wise and declared in-place.)
+#
+# ## Exercises: predict, then check
+#
+# Write your prediction down before you open the solution.
+#
+# **1.** Put layer 0's scores over the *queries* instead (`like="layers.0.self_attn.q_rope"`),
+# in the default plan. Predict: are the logits still right? Does `analyze` flag the
+# dispatch, and with which kind?
+#
+# **2. A missing barrier.** Engines on Metal often encode *concurrently*: dispatches between
+# two memory barriers may run at the same time, so a dispatch that reads what another one of
+# the same stretch writes needs a barrier between them. `emu.run(plan, mode="concurrent",
+# skip_barriers=["layers.3.self_attn.o_proj"])` runs the correct plan with the barrier
+# before layer 3's attention output projection forgotten: `o_proj` reads the attention
+# context (`self_attn.context`) before the dispatch computing it has landed. Hint: layer 3
+# is Gemma 4's full-attention layer, with heads of 64 dimensions instead of 32, so its
+# context is twice as wide as layers 0–2's, which used the same reused buffer. Predict:
+# which tokens of `layers.3.self_attn.o_proj` come out NaN, does the diff call the pattern
+# block-shaped, and which hazard kind does the analyzer report?
+#
+# **3.** Put layer 0's scores over the *values* (`like="layers.0.self_attn.v_cache"`): the
+# score kernel does not read V, but the next-but-one dispatch does. Predict: which op is the
+# first divergence, is it NaN, and which dispatch does the analyzer name (and which earlier
+# one)?
+
+# %% tags=["solution"]
+# solution to 1: bit-exact on this input, and still a hazard
+q_run = emu.run(plan.place("layers.0.self_attn.scores", like="layers.0.self_attn.q_rope"))
+print(q_run.summary())
+for hz in q_run.hazards:
+    print(hz.kind, "at event", hz.event, run.schedule.events[hz.event].name, "buffer", hz.buffer, hz.range)
+assert q_run.exact and [hz.kind for hz in q_run.hazards] == ["partial-overlap"]
+# the same plan on a prompt of 33 tokens (the prompt repeated)
+emu33 = Emulator(model, (ids * 3)[:33])
+print("33 tokens:", emu33.run(emu33.plan().place("layers.0.self_attn.scores", like="layers.0.self_attn.q_rope")).summary())
+
+# %% [markdown]
+# *Solution 1.* On this prompt the numbers are exact, and the hazard is real. With T = 14
+# tokens, the score of head *h*, query *t*, key *s* is output element 196·h + 14·t + s, and
+# it lands on query element number 196·h + 14·t + s; but query row *t* of head *h* starts
+# at element 448·h + 32·t (head dimension 32), further along. So each query row is read
+# before the output reaches it (except row 0 of head 0, whose other scores are masked
+# anyway). From 33 tokens on — more tokens than a head has dimensions — the scores outrun
+# the queries and the logits go NaN, as the last line shows. And a GPU runs tiles in any
+# order. **A clean diff on one input does not prove a clean schedule**; the analyzer judges
+# the bytes, not the luck.
+
+# %% tags=["solution"]
+# solution to 2: the second half of the context buffer was never written
+from workbench.diff import compare_arrays
+late = emu.run(plan, mode="concurrent", skip_barriers=["layers.3.self_attn.o_proj"])
+late_report = compare_arrays(late.reference, late.outputs, order=model.program.names, tokens=len(ids))
+late_fd = late_report.first_divergence
+print(late_fd.op, "| where:", late_fd.reasons[-1])
+for hz in late.hazards:
+    print(hz.kind, "at event", hz.event, late.schedule.events[hz.event].name, "buffer", hz.buffer, hz.range)
+assert late_fd.nonfinite["rows"] == [[7, 13]] and late_fd.nonfinite["tile"]
+
+# %% [markdown]
+# *Solution 2.* Tokens 7–13, all 128 channels: NaN; tokens 0–6 finite but wrong. Layer 3's
+# context is 14 tokens × 256 values; when `o_proj` reads the buffer early, its first half
+# still holds layer 2's context (14 × 128 values: stale, but numbers) and its second half
+# has never been written (`0xFF`: NaN), which is exactly query rows 7–13 of a 14 × 256
+# matrix. A block of whole token rows: the diff's `tile` flag is set and its line ends
+# with the pointer to `workbench hazards`, which reports a `raw` (read-after-write in one
+# concurrent region) at `o_proj`'s dispatch on buffer `self_attn.context`. The fix here is
+# the barrier, not a buffer. Only Gemma 4's wider full-attention layer shows it as NaN: on
+# sliding layers 1 or 2 the same missing barrier reads the previous layer's context, whole
+# — wrong numbers, no NaN (layer 0 would read a buffer never written at all: NaN
+# everywhere).
+
+# %% tags=["solution"]
+# solution to 3: the scores are right; V is overwritten before the context reads it
+v_run = emu.run(plan.place("layers.0.self_attn.scores", like="layers.0.self_attn.v_cache"))
+with np.errstate(over="ignore", invalid="ignore"):   # values near float32's largest: squares overflow
+    v_report = compare_arrays(v_run.reference, v_run.outputs, order=model.program.names, tokens=len(ids))
+v_fd = v_report.first_divergence
+first_nan = next(o.op for o in v_report.ops if o.nonfinite)
+print("first divergence:", v_fd.op, "| non-finite there:", v_fd.nonfinite is not None, "| first NaN:", first_nan)
+for hz in v_run.hazards:
+    print(hz.kind, "at event", hz.event, v_run.schedule.events[hz.event].name,
+          "| earlier event", hz.other, v_run.schedule.events[hz.other].name)
+assert v_fd.op == "layers.0.self_attn.context" and v_run.hazards[0].kind == "stale-read"
+
+# %% [markdown]
+# *Solution 3.* The first divergence is `layers.0.self_attn.context` — huge but finite
+# values (a probability times −3.39·10³⁸; their squares overflow the diff's float32 sums,
+# so its cosine reads nan while its NMSE, ∞, flags the op) — and the first NaN comes one
+# op later, in `o_proj`, where such values of both signs meet in a sum. The analyzer reports a
+# `stale-read` at the *reader*, the context dispatch (event 24): it expected the bytes of
+# `v_cache` and found those of the scores, written by the earlier event 22. The dispatch at
+# fault is the writer; the one named first is where the damage is read.
+#
+# ## What to remember
+#
+# * Rule out the cheap hypotheses first, one command each: `inspect --values` (the
+#   checkpoint), `hunt` (the reference on the same tokens). When both are clean, the bug is
+#   in the engine.
+# * Dump the engine's tensors right after each dispatch, `dump` the reference once, and let
+#   `diff` name the first divergence. NaN is a finding in every metric; the `where` line
+#   says which tokens × channels hold it, and its shape is evidence: inputs fine, the
+#   finite part exact, NaN spreading through the keys as the kernel advances → memory, not
+#   arithmetic.
+# * Record the schedule your engine encodes; `hazards` names the dispatch, the buffer and
+#   the bytes. A kernel's output must never land on bytes one of its inputs occupies
+#   (unless it is element-wise and declared in-place), and a value must not be overwritten
+#   before its last reader.
+# * A hazard can give exact numbers on one input (exercise 1): fix it anyway.
+#
+# Back to notebook 05 for the aliasing kinds in depth, or 06 for diffing finite-but-wrong
+# engines (activation functions, RoPE, masks).
