@@ -191,7 +191,7 @@ def test_npy_directory_and_safetensors_engine(ckpt, reference, tmp_path, capsys)
     (["dump", "{ck}", "--ids", "1,2", "--out", "{tmp}/x.safetensors", "--ops", "nothing.*"], "no op matches"),
     (["dump", "{ck}", "--ids", "1,a", "--out", "{tmp}/x.safetensors"], "comma-separated integers"),
     (["dump", "{ck}", "--ids", "1,2", "--out", "{ck}/model.safetensors"], "not overwriting"),
-    (["dump", "{tmp}/broken", "--ids", "1,2", "--out", "{tmp}/x.safetensors"], "missing tensor"),
+    (["dump", "{tmp}/broken", "--ids", "1,2", "--out", "{tmp}/x.safetensors"], "missing-tensor"),
     (["diff", "{tmp}/badtype", "{tmp}/names.npz", "--ids", "1,2"], "unsupported model_type"),
     (["diff", "{ck}", "{tmp}/names.npz", "--ids", "1,2", "--min-cosine", "nan"], "--min-cosine must be a finite"),
     (["diff", "{ck}", "{tmp}/names.npz", "--ids", "1,2", "--max-nmse", "inf"], "--max-nmse must be a finite"),
