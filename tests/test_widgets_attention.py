@@ -155,3 +155,47 @@ def test_debugger_explains_its_abbreviations(tr, demo):
     for term in ("std", "absmax", "NaN", "+inf", "headroom", "fp16", "bf16", "RMS"):
         assert f">{term}</abbr>" in html.replace("&#x27;", "'"), term
     assert 'title="standard deviation' in html and 'title="absolute maximum' in html
+
+
+def test_every_widget_explains_its_abbreviations(tmp_path):
+    """WeightBrowser, DiffView and HazardTimeline: each abbreviation they show carries its
+    explanation (a tooltip where it is HTML, a legend line where it is text)."""
+    from workbench import zoo
+    from workbench.buffers import Emulator
+    from workbench.diff import compare_arrays
+    from workbench.widgets import DiffView, HazardTimeline, WeightBrowser
+    from workbench.widgets._render import GLOSSARY
+
+    def tip(term):
+        return f'title="{GLOSSARY[term]}'.replace("'", "&#x27;")
+
+    def out_text(out):
+        return "".join(o.get("text", "") or o.get("data", {}).get("text/html", "") for o in out.outputs)
+
+    rep = workbench.inspect(zoo.build("gemma4_text", tmp_path / "m", broken="misnamed"), values=True)
+    wb = WeightBrowser(rep)
+    wb.select("model.layers.1.mlp.down_prj.weight")   # present, with statistics
+    html = out_text(wb.detail) + wb.grid.value + wb.legend.value
+    for term in ("std", "absmax", "NaN", "+inf", "zeros", "✗", "!", "attn"):
+        assert tip(term) in html, term
+    assert f"std = {GLOSSARY['std']}" in wb.grid.value   # the statistic drawn, said in words
+
+    rng = np.random.default_rng(0)
+    ref = {n: rng.standard_normal((4, 8)).astype(np.float32) for n in ("a", "b")}
+    eng = {n: v.copy() for n, v in ref.items()}
+    eng["b"][1, 2] = np.nan
+    dv = DiffView(compare_arrays(ref, eng, order=["a", "b"]))
+    for m in ("nmse", "1-cosine", "max_abs", "max_rel"):
+        assert tip(m) in dv.legend.value and m in dv.metrics.tooltip
+    dv.show("b")
+    text = out_text(dv.detail)
+    assert f"cosine = {GLOSSARY['cosine']}" in text and f"nmse = {GLOSSARY['nmse']}" in text
+    assert tip("NaN") in text and tip("ref") in text
+
+    model = workbench.load(DEMO, dtype="float32")
+    emu = Emulator(model, model.encode(PROMPT))
+    plan = emu.plan().place("layers.1.self_attn.o_proj", like="layers.1.self_attn.context")
+    ht = HazardTimeline(emu.run(plan).schedule)
+    for k in ("raw", "war", "waw", "cb"):
+        assert tip(k) in ht.legend.value, k
+    assert ht.hazards and tip("cb") in out_text(ht.detail)

@@ -17,7 +17,7 @@ import ipywidgets as W
 from IPython.display import HTML, Image
 
 from workbench.widgets._actions import Actions
-from workbench.widgets._render import figure_png, fmt, table
+from workbench.widgets._render import GLOSSARY, abbr, figure_png, fmt, glossary, table
 
 METRICS = ("nmse", "1-cosine", "max_abs", "max_rel")
 
@@ -41,7 +41,11 @@ class DiffView(W.VBox):
             head += f"<br>{len(report.unmatched_reference)} of our ops have no engine tensor"
         self.summary = W.HTML(head)
         self.summary.add_class("wb-diff-summary")
-        self.metrics = W.SelectMultiple(options=METRICS, value=("nmse", "1-cosine"), rows=4, description="metrics")
+        self.metrics = W.SelectMultiple(options=METRICS, value=("nmse", "1-cosine"), rows=4, description="metrics",
+                                        tooltip="; ".join(f"{m}: {GLOSSARY[m]}" for m in METRICS))
+        self.legend = W.HTML("<div style='color:#555;font-size:90%'>" + "<br>".join(
+            f"{abbr(m)}: {html.escape(GLOSSARY[m])}" for m in METRICS) + "</div>")
+        self.legend.add_class("wb-diff-legend")
         self.metrics.add_class("wb-diff-metrics")
         self.op = W.Dropdown(options=[(f"#{o.index} {o.op} [{o.status}]", o.op) for o in report.ops],
                              value=(fd.op if fd is not None else (report.ops[0].op if report.ops else None)),
@@ -57,8 +61,8 @@ class DiffView(W.VBox):
         self.detail.add_class("wb-diff-detail")
         self.metrics.observe(act("pick metrics", lambda ch: self._draw()), names="value")
         self.op.observe(act("pick an op", lambda ch: self._detail()), names="value")
-        super().__init__([self.summary, act.area, W.HBox([self.metrics, W.VBox([self.op, self.first])]), self.plot,
-                          self.detail])
+        super().__init__([self.summary, act.area, W.HBox([self.metrics, W.VBox([self.op, self.first]), self.legend]),
+                          self.plot, self.detail])
         self.add_class("wb-diff-view")
         self._draw()
         self._detail()
@@ -85,11 +89,13 @@ class DiffView(W.VBox):
         self.detail.append_stdout(
             f"{o.op} (engine {o.engine_name!r}): {o.status}"
             f"  cosine {fmt(o.cosine, '.6f')}  nmse {fmt(o.nmse, '.3g')}  max_abs {fmt(o.max_abs, '.3g')}"
-            f"  max_rel {fmt(o.max_rel, '.3g')}\n")
+            f"  max_rel {fmt(o.max_rel, '.3g')}\n"
+            f"({glossary(('cosine', 'nmse', 'max_abs', 'max_rel'))})\n")
         rows = [("shape (ours)", list(o.shape)), ("shape (engine)", list(o.engine_shape)),
                 ("layout", o.layout or "as is")]
         if o.nonfinite_ref or o.nonfinite_engine:
-            rows.append(("non-finite ref / engine", f"{o.nonfinite_ref} / {o.nonfinite_engine}"))
+            rows.append((("html", f"non-finite ({abbr('NaN')}, {abbr('+inf', '±inf')}) {abbr('ref')} / engine"),
+                         f"{o.nonfinite_ref} / {o.nonfinite_engine}"))
         for r in o.reasons:
             rows.append(("why", r))
         ins = self.report.inputs.get(o.op, ())

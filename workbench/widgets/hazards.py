@@ -20,7 +20,7 @@ import ipywidgets as W
 from IPython.display import HTML
 
 from workbench.widgets._actions import Actions
-from workbench.widgets._render import table
+from workbench.widgets._render import GLOSSARY, abbr, table
 
 READ, WRITE, BOTH = 1, 2, 3
 _COLORS = {READ: "#4a90d9", WRITE: "#e67e22", BOTH: "#8e44ad"}
@@ -101,7 +101,10 @@ class HazardTimeline(W.VBox):
         self.actions = act = Actions()
         self.picker.observe(act("pick a hazard", lambda ch: self._on_pick()), names="value")
         self.window.observe(act("move the event window", lambda ch: self._draw()), names="value")
-        super().__init__([self.summary, act.area, self.chart, self.window, self.picker, self.detail])
+        self.legend = W.HTML("<span style='color:#555;font-size:90%'>" + " · ".join(
+            f"{abbr(k)} = {html.escape(GLOSSARY[k])}" for k in ("raw", "war", "waw", "cb")) + "</span>")
+        self.legend.add_class("wb-hazard-legend")
+        super().__init__([self.summary, act.area, self.chart, self.window, self.picker, self.legend, self.detail])
         self.add_class("wb-hazard-timeline")
         self._draw()
         if self.hazards:
@@ -144,7 +147,7 @@ class HazardTimeline(W.VBox):
         head = f"<b>{role}</b>: {html.escape(self.schedule.describe(i))}"
         if e.type != "dispatch":
             return head
-        head += f" kernel <code>{html.escape(str(e.kernel))}</code> cb {e.cb}"
+        head += f" kernel <code>{html.escape(str(e.kernel))}</code> {abbr('cb')} {e.cb}"
         rows = []
         for kind, accs in (("read", e.reads), ("write", e.writes)):
             for a in accs:

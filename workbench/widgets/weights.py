@@ -25,12 +25,14 @@ import numpy as np
 from IPython.display import HTML, Image
 
 from workbench.widgets._actions import Actions
-from workbench.widgets._render import fmt, table
+from workbench.widgets._render import GLOSSARY, abbr, fmt, table
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.(.+)$")
 GLOBAL = "·"
 STATS = ("std", "absmax", "mean", "min", "max", "zero_fraction")
 _BAD_CODES = {"missing-tensor": "✗"}
+#: the layer list's "·", said where it shows
+GLOSSARY_LAYER = f"{GLOBAL} = tensors outside the layers (embeddings, final norm)"
 
 
 def _parts(name: str) -> tuple[int | None, str]:
@@ -86,7 +88,8 @@ class WeightBrowser(W.VBox):
         self.detail = W.Output(layout=W.Layout(width="100%"))
         self.detail.add_class("wb-weights-detail")
         self.stat = W.Dropdown(options=STATS, value=stat if stat in STATS else "std",
-                               description="statistic", layout=W.Layout(width="220px"))
+                               description="statistic", layout=W.Layout(width="220px"),
+                               tooltip="; ".join(f"{k}: {GLOSSARY[k]}" for k in STATS))
         self.stat.add_class("wb-weights-stat")
         self.grid = W.HTML()
         self.grid.add_class("wb-weights-grid")
@@ -95,7 +98,10 @@ class WeightBrowser(W.VBox):
         self.layer.observe(act("pick a layer", lambda ch: self._fill_tensors()), names="value")
         self.tensor.observe(act("pick a tensor", lambda ch: self._show()), names="value")
         self.stat.observe(act("pick a statistic", lambda ch: self._draw_grid()), names="value")
-        tree_box = W.VBox([self.component, W.HBox([self.layer, self.tensor])])
+        self.legend = W.HTML(f"<span style='color:#555;font-size:90%'>{abbr('✗')} missing · {abbr('!')} problem · "
+                             f"{GLOSSARY_LAYER} (hover a marked word for its meaning)</span>")
+        self.legend.add_class("wb-weights-legend")
+        tree_box = W.VBox([self.component, W.HBox([self.layer, self.tensor]), self.legend])
         super().__init__([self.summary, self.problems_html, act.area, W.HBox([tree_box, self.detail]), self.stat,
                           self.grid])
         self.add_class("wb-weight-browser")
@@ -190,9 +196,10 @@ class WeightBrowser(W.VBox):
             return
         st = t.get("stats")
         if st:
-            rows = [(k, fmt(st.get(k))) for k in ("min", "max", "mean", "std", "absmax")]
-            rows.append(("nan / +inf / −inf", f"{st.get('nan', 0)} / {st.get('posinf', 0)} / {st.get('neginf', 0)}"))
-            rows.append(("zeros", f"{(st.get('zero_fraction') or 0):.2%}"))
+            rows = [(("html", abbr(k)), fmt(st.get(k))) for k in ("min", "max", "mean", "std", "absmax")]
+            rows.append((("html", f"{abbr('NaN')} / {abbr('+inf')} / {abbr('−inf')}"),
+                         f"{st.get('nan', 0)} / {st.get('posinf', 0)} / {st.get('neginf', 0)}"))
+            rows.append((("html", abbr("zeros")), f"{(st.get('zero_fraction') or 0):.2%}"))
             self.detail.append_display_data(HTML(table(rows)))
         v = self._values(t)
         if v is not None:
@@ -280,4 +287,7 @@ class WeightBrowser(W.VBox):
             out.append("</tr>")
         out.append("</table></div>")
         self.grid.value = (f"<b>{html.escape(stat)} per layer and tensor</b> (each column scaled to its own range; "
-                           f"dark = high; ✗ missing, ! problem; hover for values)" + "".join(out))
+                           f"dark = high; {abbr('✗')} missing, {abbr('!')} problem; hover for values)<br>"
+                           f"<span style='color:#555;font-size:90%'>{html.escape(stat)} = {html.escape(GLOSSARY[stat])};"
+                           f" {abbr('attn')} = self_attn; {abbr('q/k/v/o_proj')} = query/key/value/output "
+                           f"projections</span>" + "".join(out))
