@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.lab import NOTEBOOKS, REPO_ROOT, free_port, lab_argv
+from workbench.lab import NOTEBOOKS, REPO_ROOT, free_port, lab_argv, lab_env
 
 pytestmark = pytest.mark.browser
 
@@ -51,7 +51,8 @@ def serve_lab(notebook_dir: Path, tmp: Path):
     (notif / "notification.jupyterlab-settings").write_text(
         json.dumps({"fetchNews": "false", "checkForUpdates": False}))
     (tmp / "workspaces").mkdir()
-    argv = lab_argv(root, port=port, token=token, open_browser=False,
+    env = lab_env(token, env)  # the token by environment, never on the command line
+    argv = lab_argv(root, port=port, open_browser=False,
                     workspaces_dir=tmp / "workspaces", expose_app=True, default_notebook=None)
     log = open(tmp / "jupyter.log", "w")
     proc = subprocess.Popen(argv, cwd=str(root), env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -4,13 +4,20 @@
 127.0.0.1, opening ``01_tour.ipynb``.  ``--dry-run`` prints the command instead of
 running it; with ``--json`` the launch details are printed as one JSON object first.
 Exit status: JupyterLab's own (0 on a clean shutdown), 2 when there is no notebook
-directory or JupyterLab is not installed.
+directory, the address or port is unusable, or JupyterLab is not installed.
+
+The access token reaches the server through its environment (``JUPYTER_TOKEN``, which
+only this user can read in /proc), never its command line; the URL printed for the user
+is the only place it appears.  The server starts without the "official Jupyter news?"
+prompt: the announcements plugin is disabled through a page config in ``LAB_CONFIG``
+(added to ``JUPYTER_CONFIG_PATH``), and no news feed is fetched (``news_url`` None).
 The curated notebooks (``notebooks/`` of this checkout, not a directory passed as PATH)
 are marked trusted first (:func:`trust_notebooks`), so their saved widget views show
 before anything runs.
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import secrets
@@ -21,11 +28,14 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = REPO_ROOT / "notebooks"
 FIRST_NOTEBOOK = "01_tour.ipynb"
+#: a Jupyter config directory holding ``labconfig/page_config.json`` (the news prompt's plugin disabled)
+LAB_CONFIG = Path(__file__).resolve().parent / "_labconfig"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nothing listens on right now (for tests and ``--port 0``)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(fam, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
 
@@ -37,18 +47,22 @@ def lab_argv(root: str | os.PathLike, *, port: int = 8888, ip: str = "127.0.0.1"
              extra: list[str] | None = None) -> list[str]:
     """The ``jupyter lab`` command line used by ``workbench lab`` and the browser test.
 
-    ``token=None`` lets Jupyter generate one (printed in its log); ``token=""``
-    disables authentication (only sensible on 127.0.0.1 in tests).
+    No secret ever goes on it (any local user can read a command line in /proc): pass a
+    token through the environment, ``lab_env(token)``.  ``token=""`` disables
+    authentication (only sensible on 127.0.0.1 in tests).
     """
+    if token:
+        raise ValueError("a token on the command line is readable by every local user: pass it with lab_env(token)")
     root = Path(root)
     argv = [sys.executable, "-m", "jupyterlab",
             f"--ServerApp.root_dir={root}",
             f"--ServerApp.ip={ip}",
             f"--ServerApp.port={port}",
             "--ServerApp.port_retries=0",
-            "--ServerApp.open_browser=" + ("True" if open_browser else "False")]
-    if token is not None:
-        argv.append(f"--IdentityProvider.token={token}")
+            "--ServerApp.open_browser=" + ("True" if open_browser else "False"),
+            "--LabApp.news_url=None"]
+    if token == "":
+        argv.append("--IdentityProvider.token=")
     if workspaces_dir is not None:
         argv.append(f"--LabApp.workspaces_dir={workspaces_dir}")
     if expose_app:
@@ -59,6 +73,32 @@ def lab_argv(root: str | os.PathLike, *, port: int = 8888, ip: str = "127.0.0.1"
         argv.append("--allow-root")  # CI machines and containers run as root
     argv += list(extra or [])
     return argv
+
+
+def lab_env(token: str | None = None, base: dict | None = None) -> dict:
+    """The server's environment: ``base`` (default: ours) with the token in ``JUPYTER_TOKEN``
+    and the workbench lab config (no news prompt) first on ``JUPYTER_CONFIG_PATH``."""
+    env = dict(os.environ if base is None else base)
+    env.pop("JUPYTER_TOKEN_FILE", None)
+    if token:
+        env["JUPYTER_TOKEN"] = token
+    else:
+        env.pop("JUPYTER_TOKEN", None)
+    rest = env.get("JUPYTER_CONFIG_PATH")
+    env["JUPYTER_CONFIG_PATH"] = str(LAB_CONFIG) + (os.pathsep + rest if rest else "")
+    return env
+
+
+def check_ip(ip: str) -> str:
+    """``--ip``: an IPv4 / IPv6 address or ``localhost``; anything else is a UsageError."""
+    from workbench.cli import UsageError
+
+    if ip == "localhost":
+        return ip
+    try:
+        return str(ipaddress.ip_address(ip))
+    except ValueError:
+        raise UsageError(f"--ip {ip!r}: not an IP address (e.g. 127.0.0.1, ::1 or localhost)") from None
 
 
 def trust_notebooks(root) -> list[str]:
@@ -97,7 +137,7 @@ def add_arguments(p):
 def run(args) -> int:
     from workbench.cli import UsageError
 
-    root = Path(args.path) if args.path else NOTEBOOKS
+    root = Path(args.path).absolute() if args.path else NOTEBOOKS
     if not root.is_dir():
         raise UsageError(f"no notebook directory at {root} (workbench lab opens the notebooks/ "
                          f"folder of a source checkout; pass a directory to open another)")
@@ -106,15 +146,21 @@ def run(args) -> int:
         import jupyterlab  # noqa: F401
     except ImportError:
         raise UsageError("JupyterLab is not installed in this environment (pip install jupyterlab)") from None
-    port = free_port(args.ip) if args.port == 0 else args.port
-    if not 0 < port < 65536:
+    ip = check_ip(args.ip)
+    if not 0 <= args.port < 65536:
         raise UsageError(f"--port {args.port}: not a TCP port")
+    try:
+        port = free_port(ip) if args.port == 0 else args.port
+    except OSError as e:
+        raise UsageError(f"--ip {ip}: cannot listen there ({e.strerror or e})") from None
     token = secrets.token_hex(16)
-    argv = lab_argv(root, port=port, ip=args.ip, token=token,
-                    open_browser=not args.no_browser and not args.dry_run)
+    argv = lab_argv(root, port=port, ip=ip, open_browser=not args.no_browser and not args.dry_run)
+    env = lab_env(token)
     default = FIRST_NOTEBOOK if FIRST_NOTEBOOK in notebooks else ""
-    url = f"http://{args.ip}:{port}/lab/tree/{default}?token={token}"
-    info = {"notebook_dir": str(root), "notebooks": notebooks, "url": url, "command": argv}
+    host = f"[{ip}]" if ":" in ip else ip
+    url = f"http://{host}:{port}/lab/tree/{default}?token={token}"
+    info = {"notebook_dir": str(root), "notebooks": notebooks, "url": url, "command": argv,
+            "token_from": "environment (JUPYTER_TOKEN)"}
     # the curated notebooks of this checkout are trusted, so their saved widget views render
     # before they run; a directory the user points at is left to Jupyter's own trust rules
     curated = root.resolve() == NOTEBOOKS.resolve()
@@ -133,7 +179,7 @@ def run(args) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os.chdir(root)
-    os.execv(argv[0], argv)
+    os.execve(argv[0], argv, env)
     return 0  # pragma: no cover  (execv does not return)
 
 
