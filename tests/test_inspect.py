@@ -244,19 +244,19 @@ def test_single_file(tmp_path):
 
 def test_lazy_load_reads_nothing_at_open(tmp_path, monkeypatch):
     p = zoo.build("gemma4_text", tmp_path / "ck", quant="affine4")
-    import builtins
+    import workbench.checkpoint.sfile as sfile_mod
 
     reads = []
-    real = builtins.open
+    real = sfile_mod.open_regular  # (the reader opens shards through workbench.fsio.open_regular)
 
-    def spy(f, mode="r", *a, **k):
-        fh = real(f, mode, *a, **k)
+    def spy(f, *a, **k):
+        fh = real(f, *a, **k)
         if str(f).endswith(".safetensors"):
             orig = fh.read
             fh.read = lambda n=-1: (reads.append(n), orig(n))[1]
         return fh
 
-    monkeypatch.setattr(builtins, "open", spy)
+    monkeypatch.setattr(sfile_mod, "open_regular", spy)
     ck = open_checkpoint(p)
     assert max(reads) < 20000  # the 8-byte length and the header, nothing else
     arr = ck.load("layers.0.self_attn.q_proj.weight")

@@ -11,7 +11,6 @@ bad-header, path-escape, nonfinite-values, bad-config.
 """
 from __future__ import annotations
 
-import difflib
 import math
 import os
 import re
@@ -107,6 +106,11 @@ class _Ctx:
         self.problems.append(Problem(code, severity, message, tensor, file, layer, suggestion))
 
 
+#: unexpected / missing tensors that get a difflib nearest-name suggestion (each costs a few
+#: dozen string comparisons; a hostile checkpoint with 100k of them stays fast)
+SUGGEST_MAX = 2000
+
+
 def _check_arch(cx: _Ctx, report: Report):
     ck = cx.ck
     a = ck.arch
@@ -158,28 +162,24 @@ def _check_arch(cx: _Ctx, report: Report):
         if e.quantizable and e.name.endswith(".weight") and ck.quant_config.present:
             miss_names += [e.module + ".scales", e.module + ".biases"]
     # misnamed vs missing: nearest expected name for every unexpected tensor (candidates from
-    # the same layer, so this stays fast on checkpoints with thousands of tensors)
-    def by_layer(names):
-        g = {}
-        for x in names:
-            g.setdefault(N.layer_of(x), []).append(x)
-        return g
-
-    miss_by, exp_by = by_layer(miss_names), by_layer(exp)
+    # the same layer, through an index: near-linear even with 100k unexpected tensors)
+    miss_by, exp_by = N.NearIndex(miss_names), N.NearIndex(exp)
     renamed, rules = _rename_matches(unexpected, miss_names)
     if rules:
         (a_, b_), cnt = rules.most_common(1)[0]
         if cnt >= 3:
             how = f"an extra leading {b_!r}" if not a_ else f"{a_!r} -> {b_!r} in the name"
             report.notes.append(f"{cnt} unexpected tensors are expected ones renamed ({how}): misnamed, not missing")
-    for n in unexpected:
+    if len(unexpected) > SUGGEST_MAX or len(missing) > SUGGEST_MAX:
+        report.notes.append(f"{len(unexpected)} unexpected and {len(missing)} missing tensors: nearest-name "
+                            f"suggestions for the first {SUGGEST_MAX} of each only")
+    for i, n in enumerate(unexpected):
         ti = present[n]
-        lay = N.layer_of(n)
         near = [renamed[n]] if n in renamed else []
-        if not near:
-            near = difflib.get_close_matches(n, miss_by.get(lay, []), n=1, cutoff=0.75)
-        if not near:
-            near = difflib.get_close_matches(n, exp_by.get(lay, []), n=1, cutoff=0.75)
+        if not near and i < SUGGEST_MAX:
+            near = [x for x in (miss_by.nearest(n),) if x]
+        if not near and i < SUGGEST_MAX:
+            near = [x for x in (exp_by.nearest(n),) if x]
         sug = cx.stored(near[0]) if near else None
         msg = f"{ti.source_name} ({ti.dtype} {list(ti.shape)}) is not a tensor of {a.family}"
         if near and near[0] in miss_names:
@@ -187,11 +187,11 @@ def _check_arch(cx: _Ctx, report: Report):
         elif near:
             msg += f"; nearest expected name: {sug}"
         cx.add("unexpected-tensor", "error", msg, tensor=ti.source_name, file=ti.file, suggestion=sug)
-    unexp_by = by_layer(unexpected)
+    unexp_by = N.NearIndex(unexpected)
     renamed_back = {m: u for u, m in renamed.items()}
-    for e in missing:
+    for i, e in enumerate(missing):
         near = [renamed_back[e.name]] if e.name in renamed_back else \
-            difflib.get_close_matches(e.name, unexp_by.get(e.layer, []), n=1, cutoff=0.75)
+            [x for x in (unexp_by.nearest(e.name),) if x] if i < SUGGEST_MAX else []
         sug = present[near[0]].source_name if near else None
         msg = f"{cx.stored(e.name)} ({list(e.shape)}) is missing"
         if sug:

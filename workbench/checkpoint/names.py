@@ -16,7 +16,9 @@ tensors.
 """
 from __future__ import annotations
 
+import difflib
 import re
+from collections import Counter
 
 #: component prefixes (after an optional leading ``model.``)
 COMPONENT_PREFIXES = (
@@ -61,10 +63,11 @@ def split_name(name: str) -> tuple[str, str, str]:
     return "language_model", name, "any"
 
 
-def canonical(name: str) -> list[tuple[str, str | None]]:
+def canonical(name: str, split: tuple | None = None) -> list[tuple[str, str | None]]:
     """Canonical LM names a checkpoint tensor provides: [(canonical, part)], where part
-    is None (the whole tensor), "gate" or "up" (a half of a fused HF gate_up_proj)."""
-    comp, bare, _ = split_name(name)
+    is None (the whole tensor), "gate" or "up" (a half of a fused HF gate_up_proj).
+    ``split``: ``split_name(name)`` when the caller has it already."""
+    comp, bare, _ = split or split_name(name)
     if comp != "language_model":
         return []
     if bare.endswith(".experts.gate_up_proj"):
@@ -88,3 +91,46 @@ def layer_of(name: str) -> int | None:
 def module_of(canon: str) -> str:
     """``layers.3.self_attn.q_proj.weight`` -> ``layers.3.self_attn.q_proj``."""
     return canon.rsplit(".", 1)[0] if "." in canon else canon
+
+
+_TOKENS = re.compile(r"[._]")
+
+
+class NearIndex:
+    """The nearest name to a query among candidates of the same layer (difflib ratio >=
+    ``cutoff``), in bounded time per query: a layer with at most ``SMALL`` candidates is
+    searched whole (difflib, as before); a larger one (100k unexpected tensors) only on a
+    shortlist from an index of name tokens (split at ``.`` and ``_``) held by at most
+    ``RARE`` candidates.  Building is linear in the names, each query bounded."""
+
+    SMALL = 200
+    RARE = 64
+
+    def __init__(self, names):
+        self.by_layer: dict = {}
+        for n in names:
+            self.by_layer.setdefault(layer_of(n), []).append(n)
+        self._inv: dict = {}
+
+    def nearest(self, name: str, cutoff: float = 0.75) -> str | None:
+        lay = layer_of(name)
+        group = self.by_layer.get(lay, ())
+        if len(group) > self.SMALL:
+            group = self._shortlist(name, lay, group)
+        m = difflib.get_close_matches(name, group, n=1, cutoff=cutoff)
+        return m[0] if m else None
+
+    def _shortlist(self, name, lay, group) -> list:
+        inv = self._inv.get(lay)
+        if inv is None:
+            inv = {}
+            for n in group:
+                for t in set(_TOKENS.split(n)):
+                    inv.setdefault(t, []).append(n)
+            self._inv[lay] = inv
+        hits = Counter()
+        for t in set(_TOKENS.split(name)):
+            ns = inv.get(t)
+            if ns is not None and len(ns) <= self.RARE:
+                hits.update(ns)
+        return [n for n, _ in hits.most_common(self.SMALL)]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from workbench.checkpoint import names as N
 from workbench.checkpoint.arch import Arch, ConfigError, build_arch, family_of, text_config
 from workbench.checkpoint.quant import QuantConfig, QuantSpec, infer
 from workbench.checkpoint.sfile import SafetensorsFile
+from workbench.fsio import MAX_CONFIG, MAX_INDEX, InputFileError, kind_of, read_bytes
 
 INDEX_NAME = "model.safetensors.index.json"
 
@@ -65,6 +67,10 @@ def _inside(root: Path, rel: str) -> bool:
     return not (norm == ".." or norm.startswith("../") or norm.startswith("/") or norm == ".")
 
 
+def _json_type(v) -> str:
+    return {bool: "boolean", int: "number", float: "number", list: "array", dict: "object"}.get(type(v), "value")
+
+
 class Checkpoint:
     """An opened checkpoint. See module docstring."""
 
@@ -78,19 +84,24 @@ class Checkpoint:
         self._mx_cache: dict[str, dict] = {}
         if not os.path.lexists(p):
             raise CheckpointError(f"{p}: no such file or directory")
-        if p.is_file() and p.name.endswith(".index.json"):  # pointing at the index: the directory
+        try:
+            st = os.stat(p)
+        except OSError as e:
+            raise CheckpointError(f"{p}: cannot be read ({e.strerror or e})") from None
+        if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+            raise CheckpointError(f"{p} is {kind_of(st.st_mode)}, not a checkpoint directory or file: refused")
+        if stat.S_ISREG(st.st_mode) and p.name.endswith(".index.json"):  # pointing at the index: the directory
             p = p.parent
             self.path = p
-        if p.is_file():
+            st = os.stat(p)
+        if stat.S_ISREG(st.st_mode):
             if not p.name.endswith(".safetensors"):
                 raise CheckpointError(f"{p}: not a directory or a .safetensors file")
             self.root = p.parent
             single = p.name
-        elif p.is_dir():
+        else:
             self.root = p
             single = None
-        else:
-            raise CheckpointError(f"{p}: not a directory or a .safetensors file")
         self.config = self._read_config()
         if single:
             self.files = [single]
@@ -98,6 +109,8 @@ class Checkpoint:
             self.files = self._discover()
         for f in self.files:
             sf = SafetensorsFile.parse(str(self.root / f))
+            if sf.unreadable:  # a file we cannot open is unusable input, not a list of "missing" tensors
+                raise CheckpointError(sf.unreadable)
             self.sfiles[f] = sf
             for q in sf.problems:
                 self.problems.append(Problem(q["code"], q["severity"], q["message"], q["tensor"], f,
@@ -112,50 +125,52 @@ class Checkpoint:
     def _read_config(self) -> dict:
         cp = self.root / "config.json"
         self.config_present = False
-        if not cp.exists():
+        if not os.path.lexists(cp):
             self.problems.append(Problem("bad-config", "warning" if self.path.is_file() else "error",
                                          f"no config.json in {self.root.name or self.root}: completeness "
                                          "cannot be checked", file="config.json"))
             return {}
+        try:  # a config we cannot read at all (FIFO, device, permissions, over the cap) is unusable input
+            raw = read_bytes(cp, MAX_CONFIG, str(cp))
+        except InputFileError as e:
+            raise CheckpointError(str(e)) from None
         try:
-            raw = cp.read_bytes()
-            if len(raw) > 50_000_000:
-                raise ValueError("config.json is larger than 50 MB")
             cfg = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError) as e:
             msg = f"config.json is not valid JSON: {e.msg} at byte {e.pos}" if isinstance(e, json.JSONDecodeError) \
-                else f"config.json cannot be parsed: {e}"
+                else f"config.json cannot be parsed: {type(e).__name__}"
             self.problems.append(Problem("bad-config", "error", msg, file="config.json"))
-            return {}
-        except OSError as e:
-            self.problems.append(Problem("bad-config", "error", f"config.json cannot be read: {e.strerror}",
-                                         file="config.json"))
             return {}
         if not isinstance(cfg, dict):
             self.problems.append(Problem("bad-config", "error", "config.json is not a JSON object",
                                          file="config.json"))
             return {}
+        for where, d in (("model_type", cfg), ("text_config.model_type", cfg.get("text_config"))):
+            mt = d.get("model_type") if isinstance(d, dict) else None
+            if mt is not None and not isinstance(mt, str):
+                raise CheckpointError(f"{cp}: {where} is {json.dumps(mt)[:60]} (a JSON {_json_type(mt)}), "
+                                      "not a string")
         self.config_present = True
         return cfg
 
     def _discover(self) -> list[str]:
+        # every non-directory entry: a FIFO or device among them is refused by name when opened
         on_disk = sorted(e.name for e in os.scandir(self.root) if e.name.endswith(".safetensors")
-                         and (e.is_file() or e.is_symlink()))
+                         and not e.is_dir())
         model_files = [f for f in on_disk if f.startswith("model")] or on_disk
         ip = self.root / INDEX_NAME
-        if not ip.exists():
+        if not os.path.lexists(ip):
             if not model_files:
                 raise CheckpointError(f"{self.root}: no .safetensors files and no {INDEX_NAME}")
             return model_files
         try:
-            raw = ip.read_bytes()
-            if len(raw) > 200_000_000:
-                raise ValueError("index is larger than 200 MB")
+            raw = read_bytes(ip, MAX_INDEX, INDEX_NAME)
             idx = json.loads(raw.decode("utf-8"))
             if not isinstance(idx, dict) or not isinstance(idx.get("weight_map"), dict):
                 raise ValueError("no weight_map object")
-        except (UnicodeDecodeError, ValueError, RecursionError, OSError) as e:
-            msg = f"{e.msg} at byte {e.pos}" if isinstance(e, json.JSONDecodeError) else str(e)
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:
+            msg = f"{e.msg} at byte {e.pos}" if isinstance(e, json.JSONDecodeError) else \
+                (type(e).__name__ if isinstance(e, RecursionError) else str(e))
             self.problems.append(Problem("index-mismatch", "error", f"{INDEX_NAME} cannot be used ({msg}); "
                                          "reading the shard files found on disk instead", file=INDEX_NAME))
             if not model_files:
@@ -186,17 +201,21 @@ class Checkpoint:
         self.index = {"weight_map": wm, "escaped": escaped, "metadata": idx.get("metadata")}
         files = []
         self._missing_shards = {}
-        for f in dict.fromkeys(wm.values()):
-            if os.path.isfile(self.root / f):
-                files.append(f)
+        by_file: dict[str, list[str]] = {}  # one pass over the index (linear in its size)
+        for n, g in wm.items():
+            by_file.setdefault(g, []).append(n)
+        for f, ns in by_file.items():
+            if os.path.lexists(self.root / f) and not os.path.isdir(self.root / f):
+                files.append(f)  # (a FIFO, device or unreadable file is refused by name when opened)
             else:
-                ns = [n for n, g in wm.items() if g == f]
                 self._missing_shards[f] = ns
+                what = "is a directory" if os.path.isdir(self.root / f) else "does not exist"
                 self.problems.append(Problem("missing-shard", "error",
                                              f"shard {f} named in {INDEX_NAME} for {len(ns)} tensor(s) "
-                                             f"(first {ns[0]!r}) does not exist", tensor=ns[0], file=f))
+                                             f"(first {ns[0]!r}) {what}", tensor=ns[0], file=f))
+        listed = set(files)
         for f in model_files:
-            if f not in files and f not in self._missing_shards:
+            if f not in listed and f not in self._missing_shards:
                 self.problems.append(Problem("index-mismatch", "warning",
                                              f"{f} is in the directory but not named in {INDEX_NAME}; "
                                              "its tensors are read too (mlx-lm loads every model*.safetensors)",
@@ -209,13 +228,16 @@ class Checkpoint:
     def _build_tables(self):
         self.tensors: dict[str, TensorInfo] = {}   # source name -> info
         self.where: dict[str, list[str]] = {}       # source name -> files holding it
+        splits = {}
         for f in self.files:
             sf = self.sfiles[f]
             for t in sf.tensors.values():
                 self.where.setdefault(t.name, []).append(f)
                 if t.name in self.tensors:
                     continue
-                comp = N.split_name(t.name)[0]
+                split = N.split_name(t.name)
+                splits[t.name] = split
+                comp = split[0]
                 self.tensors[t.name] = TensorInfo(t.name, t.dtype, t.shape, f, sf.abs_offset(t), t.end - t.begin,
                                                   t.name, None, comp)
         for n, fs in self.where.items():
@@ -229,14 +251,15 @@ class Checkpoint:
         layouts = set()
         for n, ti in self.tensors.items():
             self.components[ti.component] = self.components.get(ti.component, 0) + 1
-            comp, bare, layout = N.split_name(n)
+            split = splits[n]
+            comp, bare, layout = split
             if comp != "language_model":
                 continue
             if layout != "any":
                 layouts.add(layout)
             if n.endswith((".experts.gate_up_proj", ".experts.down_proj")):
                 layouts.add("hf")
-            for cn, part in N.canonical(n):
+            for cn, part in N.canonical(n, split):
                 self._canon_src.setdefault(cn, []).append(n)
                 if cn in self._canon:
                     continue
@@ -275,8 +298,9 @@ class Checkpoint:
                 self.problems.append(Problem("index-mismatch", "error",
                                              f"{INDEX_NAME} maps {name!r} to {f}, but {f}'s header has no such "
                                              f"tensor ({where})", tensor=name, file=f, layer=N.layer_of(name)))
+        escaped = {n for ns in self.index["escaped"].values() for n in ns}
         for name, fs in self.where.items():
-            if name not in wm and not any(name in v for v in self.index["escaped"].values()):
+            if name not in wm and name not in escaped:
                 self.problems.append(Problem("index-mismatch", "error",
                                              f"{fs[0]} holds {name!r} (byte {self.tensors[name].offset}), "
                                              f"which {INDEX_NAME} does not list",

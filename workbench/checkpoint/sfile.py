@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from workbench.fsio import InputFileError, open_regular
+
 #: safetensors header cap (the reference implementation refuses anything larger)
 MAX_HEADER = 100_000_000
 
@@ -67,6 +69,7 @@ class SafetensorsFile:
     readable: bool = False  # header parsed (tensors may still be truncated)
     truncated: set = field(default_factory=set)  # tensor names whose data lies past EOF
     broken: set = field(default_factory=set)  # tensor names whose header entry is unsound
+    unreadable: str | None = None  # why the file could not be opened at all (not a regular file, permissions)
 
     def abs_offset(self, t: RawTensor) -> int:
         return self.data_start + t.begin
@@ -83,18 +86,15 @@ class SafetensorsFile:
             f.problems.append({"code": code, "severity": severity, "message": f"{name}: {msg}",
                                "tensor": tensor, "offset": offset})
 
-        try:
-            st = os.stat(path)
-        except OSError as e:
-            bad(f"cannot stat file ({e.strerror})")
-            return f
-        f.size = st.st_size
-        try:
-            fh = open(path, "rb")
-        except OSError as e:
-            bad(f"cannot open file ({e.strerror})")
+        try:  # only a regular file; the open cannot block on a FIFO
+            fh = open_regular(path)
+        except InputFileError as e:
+            f.unreadable = str(e)
+            f.problems.append({"code": "bad-header", "severity": "error", "message": str(e), "tensor": None,
+                               "offset": None})
             return f
         with fh:
+            f.size = os.fstat(fh.fileno()).st_size
             if f.size < 8:
                 bad(f"file is {f.size} bytes, too short for the 8-byte header length at offset 0", offset=0)
                 return f
@@ -149,7 +149,7 @@ class SafetensorsFile:
                 bad(f"entry for tensor {k!r} is not an object", tensor=k, offset=8)
                 continue
             dt, shape, offs = v.get("dtype"), v.get("shape"), v.get("data_offsets")
-            if dt not in DTYPE_BITS:
+            if not isinstance(dt, str) or dt not in DTYPE_BITS:
                 bad(f"tensor {k!r} has unknown dtype {dt!r}", tensor=k, offset=8)
                 continue
             if not (isinstance(shape, list) and all(type(s) is int and s >= 0 for s in shape)):
