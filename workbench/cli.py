@@ -12,6 +12,7 @@ import importlib
 import json
 import os
 import sys
+import warnings
 
 import workbench  # noqa: F401  (fast BLAS before mlx.core)
 
@@ -60,7 +61,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
+    from workbench.fsio import InputFileError, WriteError
+    from workbench.patterns import PatternError
+
+    if not sys.warnoptions:  # findings are reported by us, in one line; no library warnings on stderr
+        warnings.simplefilter("ignore")
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
@@ -68,10 +79,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args._module.run(args) or 0)
-    except UsageError as e:
+    except (UsageError, InputFileError, WriteError, PatternError, MemoryError) as e:
+        msg = _one_line(e) if not isinstance(e, MemoryError) else \
+            f"out of memory ({_one_line(e)}): the input asks for more than this machine has"
         if getattr(args, "json", False):
-            print(json.dumps({"error": str(e)}))
-        print(f"workbench {args.command}: {e}", file=sys.stderr)
+            print(json.dumps({"error": msg}))
+        print(f"workbench {args.command}: {msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

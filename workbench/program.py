@@ -27,7 +27,6 @@ Invariants the executor relies on:
 from __future__ import annotations
 
 import fnmatch
-import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -119,9 +118,12 @@ class Program:
 
 
 def name_matches(name: str, pattern: str) -> bool:
-    """Glob match (``*`` does not stop at dots); ``re:...`` for a regular expression."""
+    """Glob match (``*`` does not stop at dots); ``re:...`` for a regular expression (run
+    under a time limit: :mod:`workbench.patterns`)."""
     if pattern.startswith("re:"):
-        return re.fullmatch(pattern[3:], name) is not None
+        from workbench.patterns import compiled
+
+        return compiled(pattern[3:], f"pattern {pattern!r}").fullmatch(name) is not None
     return fnmatch.fnmatchcase(name, pattern)
 
 

@@ -9,13 +9,14 @@ multiple of the group size stay in bfloat16, as mlx-lm leaves them.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import workbench  # noqa: F401  (fast BLAS before mlx.core)
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
+
+from workbench import fsio
 
 GROUP_SIZE = 32
 BITS = 4
@@ -30,8 +31,8 @@ def write_4bit(src: Path, out: Path, group_size: int = GROUP_SIZE, bits: int = B
     model, qcfg = quantize_model(model, cfg, group_size=group_size, bits=bits, mode="affine")
     out.mkdir(parents=True, exist_ok=True)
     weights = dict(sorted(tree_flatten(model.parameters())))
-    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
-    (out / "config.json").write_text(json.dumps(qcfg, indent=2, sort_keys=True) + "\n")
+    fsio.write_with(out / "model.safetensors", lambda p: mx.save_safetensors(p, weights, metadata={"format": "mlx"}))
+    fsio.write_text(out / "config.json", json.dumps(qcfg, indent=2, sort_keys=True) + "\n")
     for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copyfile(src / f, out / f)
+        fsio.write_bytes(out / f, fsio.read_bytes(src / f, fsio.MAX_CONFIG))
     return qcfg

@@ -30,6 +30,7 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten
 
+from workbench import fsio
 from workbench.demo import corpus
 from workbench.demo.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_tokenizer
 
@@ -106,30 +107,32 @@ def _log(msg):
     print(msg, flush=True)
 
 
-def train(model, data: tuple[np.ndarray, np.ndarray], steps: int, batch_size: int, lr: float, seed: int, log=_log,
-          warmup: int = 50, weight_decay: float = 0.01):
+def train(model, data: tuple[np.ndarray, ...], steps: int, batch_size: int, lr: float, seed: int, log=_log,
+          warmup: int = 50, weight_decay: float = 0.01, loss=loss_fn):
+    """``data``: arrays with one row per example (ids, weights, ...), passed as a batch to
+    ``loss(model, *batch)``."""
     rng = np.random.default_rng(seed)
     schedule = optim.join_schedules(
         [optim.linear_schedule(lr / 50, lr, warmup), optim.cosine_decay(lr, max(1, steps - warmup), lr / 20)],
         [warmup])
     opt = optim.AdamW(learning_rate=schedule, weight_decay=weight_decay, betas=[0.9, 0.98])
-    vg = nn.value_and_grad(model, loss_fn)
+    vg = nn.value_and_grad(model, loss)
     state = [model.state, opt.state]
 
     @partial(mx.compile, inputs=state, outputs=state)
-    def step(ids, w):
-        loss, grads = vg(model, ids, w)
+    def step(*batch):
+        value, grads = vg(model, *batch)
         grads, _ = optim.clip_grad_norm(grads, 1.0)
         opt.update(model, grads)
-        return loss
+        return value
 
     t0 = time.time()
     ema = None
     for it in range(steps):
         idx = rng.integers(0, len(data[0]), batch_size)
-        loss = step(mx.array(data[0][idx]), mx.array(data[1][idx]))
-        mx.eval(loss, model.parameters(), opt.state)
-        lv = loss.item()
+        value = step(*(mx.array(a[idx]) for a in data))
+        mx.eval(value, model.parameters(), opt.state)
+        lv = value.item()
         ema = lv if ema is None else 0.95 * ema + 0.05 * lv
         if it % 50 == 0 or it == steps - 1:
             log(f"step {it:5d}  loss {lv:.4f}  (ema {ema:.4f})  {time.time() - t0:6.1f}s")
@@ -140,10 +143,11 @@ def save_checkpoint(out: Path, model, cfg: dict, tok, dtype=mx.bfloat16):
     out.mkdir(parents=True, exist_ok=True)
     weights = dict(tree_flatten(model.parameters()))
     weights = {k: (v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v) for k, v in sorted(weights.items())}
-    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
-    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-    tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps({
+    # every file through an exclusive temporary renamed into place (workbench.fsio)
+    fsio.write_with(out / "model.safetensors", lambda p: mx.save_safetensors(p, weights, metadata={"format": "mlx"}))
+    fsio.write_text(out / "config.json", json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    fsio.write_with(out / "tokenizer.json", lambda p: tok.save(p))
+    fsio.write_text(out / "tokenizer_config.json", json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<bos>", "eos_token": "<eos>",
         "pad_token": "<pad>", "unk_token": "<unk>", "add_bos_token": True, "model_max_length": cfg["max_position_embeddings"],
     }, indent=2) + "\n")

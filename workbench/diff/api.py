@@ -54,7 +54,7 @@ class Reference:
                 ids = json.loads(meta[readers.META_IDS])
             except json.JSONDecodeError:
                 ids = None
-            if not (isinstance(ids, list) and ids and all(type(i) is int and i >= 0 for i in ids)):
+            if not (isinstance(ids, list) and ids and all(type(i) is int and 0 <= i < 2**31 for i in ids)):
                 raise readers.DumpError(f"{path}: metadata {readers.META_IDS} is not a list of token ids "
                                         f"({meta[readers.META_IDS][:60]!r})")
         try:
@@ -392,6 +392,11 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
         topk, loaded, weights = None, None, {}
         if model.model and os.path.exists(model.model):
             loaded = _load_model(model.model, None)
+            vocab = getattr(loaded, "vocab_size", None)
+            bad = [i for i in (model.ids or ()) if vocab is not None and i >= vocab]
+            if bad:
+                raise DiffError(f"the reference dump: token id {bad[0]} in its metadata ({readers.META_IDS}) is out of range "
+                                f"for the vocabulary of {model.model} ({vocab})")
             topk = topk_dependents(_program_of(loaded, model.ids, None))
             weights = _split_weights(loaded, eng, rules, model.order)
         report = compare_arrays(model.values, eng, order=model.order, rules=rules, tolerance=tolerance,

@@ -16,7 +16,7 @@ def add_arguments(p) -> None:
     common.add_input_arguments(p)
     p.add_argument("--out", required=True, help="the .safetensors file to write")
     p.add_argument("--ops", action="append", metavar="PATTERN",
-                   help="only ops matching this glob (or re:REGEX); repeatable, or comma-separated")
+                   help="only ops matching this glob (or re:REGEX, taken whole); repeatable, or comma-separated globs")
     common.add_dtype_argument(p)
     p.add_argument("--json", action="store_true", help="print a JSON summary")
 
@@ -27,7 +27,9 @@ def run(args) -> int:
     ids, prompt = common.parse_input(args)
     ops = None
     if args.ops:
-        ops = [s.strip() for arg in args.ops for s in arg.split(",") if s.strip()]
+        # globs may be comma-separated; a re: pattern is taken whole (its commas are its own: a{1,3})
+        ops = [s.strip() for arg in args.ops for s in ([arg] if arg.startswith("re:") else arg.split(","))
+               if s.strip()]
     out = args.out
     if not out.endswith(".safetensors"):
         raise common.UsageError(f"--out {out}: the dump is written as safetensors; name it *.safetensors")

@@ -15,13 +15,15 @@ name drops the tensor (it is listed as unmatched).
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 from typing import Iterable, Sequence
 
-Rules = list[tuple["re.Pattern[str]", str]]
+from workbench import fsio
+from workbench.patterns import PatternError, UserRegex
+
+Rules = list[tuple[UserRegex, str]]
 
 
 class RulesError(ValueError):
@@ -42,14 +44,17 @@ def compile_rules(rules: Iterable[Sequence[str]] | None, where: str = "rules") -
     if isinstance(rules, (str, bytes)) or not hasattr(rules, "__iter__"):
         raise RulesError(f"{where}: expected a list of [regex, replacement] pairs")
     for i, rule in enumerate(rules):
+        if isinstance(rule, tuple) and len(rule) == 2 and isinstance(rule[0], UserRegex) and isinstance(rule[1], str):
+            out.append(rule)  # compiled already
+            continue
         if (not isinstance(rule, (list, tuple)) or len(rule) != 2
                 or not all(isinstance(x, str) for x in rule)):
             raise RulesError(f"{where}: rule {i} is {rule!r}; each rule is a [regex, replacement] pair of strings")
         pat, rep = rule
-        try:
-            rx = re.compile(pat)
-        except re.error as e:
-            raise RulesError(f"{where}: rule {i}: regex {pat!r} does not compile: {e}") from None
+        try:  # run under a time limit (catastrophic backtracking cannot hang the diff)
+            rx = UserRegex(pat, f"{where}: rule {i}")
+        except PatternError as e:
+            raise RulesError(f"{where}: rule {i}: regex {pat!r} does not compile: {e.reason}") from None
         rep = _python_replacement(rep)
         try:  # check group references now, not on the first matching name
             _check_groups(rx, rep)
@@ -59,7 +64,7 @@ def compile_rules(rules: Iterable[Sequence[str]] | None, where: str = "rules") -
     return out
 
 
-def _check_groups(rx: "re.Pattern[str]", rep: str) -> None:
+def _check_groups(rx: UserRegex, rep: str) -> None:
     for m in re.finditer(r"\\g<(\w+)>|\\(\d+)", rep):
         g = m.group(1) or m.group(2)
         if g.isdigit():
@@ -71,14 +76,10 @@ def _check_groups(rx: "re.Pattern[str]", rep: str) -> None:
 
 def load_rules(path: str | os.PathLike) -> Rules:
     p = Path(path)
-    try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise RulesError(f"{p}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise RulesError(f"{p}: cannot be read ({e})") from None
-    except json.JSONDecodeError as e:
-        raise RulesError(f"{p}: not JSON ({e})") from None
+    try:  # a regular file of bounded size only (a FIFO or /dev/zero is refused by name)
+        data = fsio.read_json(p, fsio.MAX_RULES)
+    except fsio.InputFileError as e:
+        raise RulesError(str(e)) from None
     if isinstance(data, dict) and "rules" in data:
         data = data["rules"]
     return compile_rules(data, where=str(p))
@@ -86,5 +87,8 @@ def load_rules(path: str | os.PathLike) -> Rules:
 
 def apply_rules(name: str, rules: Rules) -> str:
     for rx, rep in rules:
-        name = rx.sub(rep, name)
+        try:
+            name = rx.sub(rep, name)
+        except PatternError as e:
+            raise RulesError(str(e)) from None
     return name

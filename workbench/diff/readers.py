@@ -26,6 +26,8 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
+from workbench import fsio
+
 #: metadata keys of a reference dump written by :func:`write_dump`
 META_FORMAT = "workbench.format"
 META_ORDER = "workbench.op_order"
@@ -102,6 +104,7 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
             if not hasattr(z, "files"):
                 raise DumpError(f"{path}: not an .npz archive (it holds a single array; save it as .npy in a directory)")
             for name in z.files:
+                _check_npz_member(z.zip, name, path)
                 try:
                     arr = z[name]
                 except ValueError as e:  # object arrays need pickle: refused
@@ -115,6 +118,33 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
             raise
         raise DumpError(f"{path}: not a readable .npz archive ({e})") from None
     return out
+
+
+def _check_npz_member(zf: zipfile.ZipFile, name: str, path) -> None:
+    """Refuse (before numpy allocates anything) a member whose header claims more elements
+    than the member holds: ``np.load`` would otherwise allocate the claimed size."""
+    member = name if name in zf.namelist() else name + ".npy"
+    try:
+        info = zf.getinfo(member)
+        with zf.open(info) as f:
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+            elif version in ((2, 0), (3, 0)):
+                shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+            else:
+                raise ValueError(f"unknown .npy version {version}")
+            header_end = f.tell()
+    except (KeyError, ValueError, OSError, EOFError, zipfile.BadZipFile, RuntimeError) as e:
+        raise DumpError(f"{path}: array {name!r}: not a readable .npy member ({e})") from None
+    count = 1
+    for d in shape:
+        count *= int(d)
+    claimed = count * dtype.itemsize
+    held = info.file_size - header_end
+    if claimed > held:
+        raise DumpError(f"{path}: array {name!r} claims shape {list(shape)} {dtype} ({claimed} bytes) but its "
+                        f"archive member holds {max(held, 0)} bytes")
 
 
 def read_npy_dir(path: str | os.PathLike) -> dict[str, np.ndarray]:
@@ -142,8 +172,11 @@ def read_dump(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str,
         raise DumpError(f"{p}: no such file or directory")
     if p.is_dir():
         return read_npy_dir(p), {}
-    with open(p, "rb") as f:
-        magic = f.read(4)
+    try:
+        with fsio.open_regular(p) as f:  # (a FIFO or device is refused by name, without blocking)
+            magic = f.read(4)
+    except fsio.InputFileError as e:
+        raise DumpError(str(e)) from None
     if p.suffix == ".npz" or magic == b"PK\x03\x04":
         return read_npz(p), {}
     if p.suffix == ".npy" or magic == b"\x93NUM":
@@ -160,10 +193,7 @@ def write_dump(path: str | os.PathLike, arrays: Mapping[str, np.ndarray], order:
     meta = {META_FORMAT: FORMAT, META_ORDER: json.dumps(list(order))}
     meta.update({k: str(v) for k, v in (metadata or {}).items()})
     tensors = {k: np.ascontiguousarray(np.asarray(v, dtype=np.float32)) for k, v in arrays.items()}
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp), metadata=meta)
-    os.replace(tmp, path)
+    fsio.write_with(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
 
 
 def write_dump_streaming(path: str | os.PathLike, shapes: Mapping[str, tuple], order: list[str],
@@ -181,22 +211,20 @@ def write_dump_streaming(path: str | os.PathLike, shapes: Mapping[str, tuple], o
         off += n
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # align the data section to 8 bytes
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(struct.pack("<Q", len(raw)))
-            f.write(raw)
-            for name, shape in shapes.items():
-                arr = np.ascontiguousarray(np.asarray(produce(name), dtype=np.float32))
-                if tuple(arr.shape) != tuple(shape):
-                    raise ValueError(f"tensor {name!r}: produced shape {list(arr.shape)}, header says {list(shape)}")
-                f.write(arr.tobytes())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return 8 + len(raw) + off
+    need = 8 + len(raw) + off
+    free = fsio.free_bytes(os.path.dirname(os.path.abspath(path)))
+    if free is not None and free < need:
+        raise fsio.WriteError(f"{path}: the dump needs {need / 1e6:.1f} MB but its disk has {free / 1e6:.1f} MB free")
+    # an exclusive temporary next to the file, renamed into place when whole (removed on failure and SIGTERM)
+    with fsio.atomic_write(path) as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for name, shape in shapes.items():
+            arr = np.ascontiguousarray(np.asarray(produce(name), dtype=np.float32))
+            if tuple(arr.shape) != tuple(shape):
+                raise ValueError(f"tensor {name!r}: produced shape {list(arr.shape)}, header says {list(shape)}")
+            f.write(arr.tobytes())
+    return need
 
 
 def dump_order(meta: Mapping[str, str]) -> list[str] | None:

@@ -19,7 +19,11 @@ FP16_MAX = 65504.0
 
 
 def save(fig: Figure, path: str, dpi: int = 110) -> str:
-    fig.savefig(path, dpi=dpi, bbox_inches="tight")
+    """Write the figure (format from the extension) through an exclusive temporary renamed
+    into place; an unwritable place raises :class:`workbench.fsio.WriteError` naming it."""
+    from workbench import fsio
+
+    fsio.write_with(path, lambda tmp: fig.savefig(tmp, dpi=dpi, bbox_inches="tight"))
     return path
 
 

@@ -2,21 +2,36 @@
 
 Values are kept in memory (as evaluated MLX arrays) until their total size passes the
 budget; then the oldest ones are written, one ``.safetensors`` file each, into a
-private temporary directory (or ``spill_dir``) and dropped from memory.  Reading a
-spilled value loads it back (memory-mapped by MLX).  The directory is removed when the
-store is garbage collected or :meth:`close`\\ d; nothing is written anywhere else.
+private temporary directory (made inside ``spill_dir`` if given; created exclusively,
+mode 0700) and dropped from memory.  Reading a spilled value loads it back
+(memory-mapped by MLX).  The directory is removed when the store is garbage collected or
+:meth:`close`\\ d, and on SIGTERM / SIGINT; nothing is written anywhere else.  Free disk
+space is checked before each spill: a value that would not fit (with a margin) raises
+:class:`SpillError` naming the directory, the space needed and the space left.
 """
 from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import weakref
 from collections import OrderedDict
 
 import mlx.core as mx
 
+from workbench import fsio
+
 DEFAULT_BUDGET = int(os.environ.get("WORKBENCH_CAPTURE_BUDGET", 2 * 2**30))
+#: free space left on the spill filesystem after a spill (bytes)
+SPILL_MARGIN = 256 * 2**20
+
+
+class SpillError(fsio.WriteError):
+    """A captured value could not be spilled to disk (no space, unwritable directory)."""
+
+
+def _remove_dir(d: str) -> None:
+    fsio.unregister(d)
+    shutil.rmtree(d, True)
 
 
 class ValueStore:
@@ -90,10 +105,32 @@ class ValueStore:
     def _spill(self, name: str, value: mx.array) -> None:
         if self._dir is None:
             if self._spill_root is not None:
-                os.makedirs(self._spill_root, exist_ok=True)
-            self._dir = tempfile.mkdtemp(prefix="workbench-trace-", dir=self._spill_root)
-            self._finalizer = weakref.finalize(self, shutil.rmtree, self._dir, True)
+                try:
+                    os.makedirs(self._spill_root, exist_ok=True)
+                except OSError as e:
+                    raise SpillError(f"capture spill directory {self._spill_root}: cannot be created "
+                                     f"({e.strerror or e})") from None
+            try:
+                self._dir = fsio.private_dir(self._spill_root, prefix="workbench-trace-")
+            except fsio.WriteError as e:
+                raise SpillError(f"full capture needs to spill to disk: {e}") from None
+            self._finalizer = weakref.finalize(self, _remove_dir, self._dir)
+        need = value.nbytes + 4096
+        free = fsio.free_bytes(self._dir)
+        if free is not None and free < need + SPILL_MARGIN:
+            raise SpillError(f"full capture: spilling {name!r} ({need / 2**20:.1f} MiB) to {self._dir} would leave "
+                             f"less than {SPILL_MARGIN / 2**20:.0f} MiB free ({free / 2**20:.1f} MiB left); "
+                             "capture fewer ops (capture=[patterns] or 'stats'), raise the memory budget "
+                             "(WORKBENCH_CAPTURE_BUDGET) or pass spill_dir= on a larger disk")
         self._n += 1
         path = os.path.join(self._dir, f"{self._n:06d}.safetensors")
-        mx.save_safetensors(path, {"value": value}, metadata={"op": name})
+        try:
+            mx.save_safetensors(path, {"value": value}, metadata={"op": name})
+        except (OSError, RuntimeError) as e:
+            try:
+                os.remove(path)
+            except OSError:
+                pass
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise SpillError(f"full capture: spilling {name!r} to {self._dir} failed ({msg})") from None
         self._disk[name] = path

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 import workbench  # noqa: F401  (fast BLAS before mlx.core)
+from workbench import fsio
 from workbench.checkpoint.arch import build_arch
 
 ARCHS = ("gemma4_text", "gemma4_moe", "gemma4_kv", "gemma4", "gemma3_text", "gemma3", "qwen3", "llama")
@@ -215,7 +216,7 @@ def write_safetensors(path, entries: dict, metadata: dict | None = None, *, spar
         off += nb
     h = json.dumps(hdr, separators=(",", ":")).encode()
     h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
+    with fsio.atomic_write(path) as f:
         f.write(struct.pack("<Q", len(h)))
         f.write(h)
         if sparse_sizes is not None:
@@ -246,7 +247,7 @@ def write_tokenizer(dest: Path, vocab_size: int):
         i += 1
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.save(str(dest / "tokenizer.json"))
+    fsio.write_with(dest / "tokenizer.json", lambda p: tok.save(p))
 
 
 def _values(rng, e, neutral: float, dtype):
@@ -380,7 +381,7 @@ def build(arch: str, dest, *, quant: str | None = None, layout: str = "mlx", sha
     # shard and write
     names = list(entries)
     files = _write_shards(dest, entries, names, shards, broken, lm, L1)
-    (dest / "config.json").write_text(json.dumps(config, indent=2))
+    fsio.write_text(dest / "config.json", json.dumps(config, indent=2))
     if tokenizer:
         write_tokenizer(dest, tc["vocab_size"])
     _break_files(dest, files, broken)
@@ -473,7 +474,7 @@ def _write_shards(dest: Path, entries: dict, names: list, shards: int, broken, l
     if "path-escape" in broken:
         wm[lm("norm.weight")] = "../outside.safetensors"  # (the zoo writes nothing outside dest)
     idx = {"metadata": {"total_size": sum(len(e[2]) for e in entries.values())}, "weight_map": dict(sorted(wm.items()))}
-    (dest / "model.safetensors.index.json").write_text(json.dumps(idx, indent=2))
+    fsio.write_text(dest / "model.safetensors.index.json", json.dumps(idx, indent=2))
     return files
 
 
@@ -489,7 +490,7 @@ def _break_files(dest: Path, files: list, broken):
         p = dest / files[0]
         b = bytearray(p.read_bytes())
         b[8 + 1: 8 + 6] = b"!!!!!"  # garble the first key
-        p.write_bytes(bytes(b))
+        fsio.write_bytes(p, bytes(b))
     if "header-too-large" in broken:
         p = dest / files[0]
         with open(p, "r+b") as f:
@@ -506,7 +507,7 @@ def _break_files(dest: Path, files: list, broken):
         h = json.dumps(hdr, separators=(",", ":")).encode()
         h += b" " * (n - len(h)) if len(h) <= n else b""
         h2 = h if len(h) == n else h + b" " * ((8 - len(h) % 8) % 8)
-        p.write_bytes(struct.pack("<Q", len(h2)) + h2 + raw[8 + n:])
+        fsio.write_bytes(p, struct.pack("<Q", len(h2)) + h2 + raw[8 + n:])
 
 
 # ------------------------------------------------------------- sparse 31B shape
@@ -568,6 +569,6 @@ def build_sparse(dest, *, config: dict | None = None, shard_bytes: int = 5 * 2**
         write_safetensors(dest / f, sub, {"format": "mlx"}, sparse_sizes={n: 0 for n in g})
         for n in g:
             wm[n] = f
-    (dest / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
-    (dest / "config.json").write_text(json.dumps(cfg, indent=2))
+    fsio.write_text(dest / "model.safetensors.index.json", json.dumps({"metadata": {}, "weight_map": wm}))
+    fsio.write_text(dest / "config.json", json.dumps(cfg, indent=2))
     return dest
