@@ -188,3 +188,38 @@ def test_path_escape_is_never_opened(monkeypatch):
     assert not g.outside
     (p,) = [p for p in r.problems if p.code == "path-escape"]
     assert p.tensor == name and SECRET.name in p.message and p.file == "model.safetensors.index.json"
+
+
+_HDR = json.loads(FILE_BYTES[8:HEADER_END])
+_NAMES = sorted(k for k in _HDR if k != "__metadata__")
+
+
+@SETTINGS
+@given(edits=st.lists(st.tuples(st.sampled_from(_NAMES), st.sampled_from(["dtype", "shape", "data_offsets"]),
+                                _json | st.integers(-2**70, 2**70) | st.floats(allow_nan=True)),
+                      min_size=1, max_size=4),
+       model_type=st.one_of(st.none(), _json))
+def test_header_and_config_values_of_any_json_type(edits, model_type):
+    """Any JSON value as a tensor's dtype / shape / data_offsets (lists, objects, floats, huge
+    integers) is a finding naming the tensor; any non-string model_type is unusable input
+    naming the key. Never another exception."""
+    d = _fresh("hv")
+    hdr = json.loads(json.dumps(_HDR))
+    for name, key, value in edits:
+        hdr[name][key] = value
+    raw = json.dumps(hdr).encode()
+    raw += b" " * (-len(raw) % 8)
+    (d / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + FILE_BYTES[HEADER_END:])
+    cfg = json.loads((SINGLE / "config.json").read_text())
+    if model_type is not None:
+        cfg["model_type"] = model_type
+    (d / "config.json").write_text(json.dumps(cfg))
+    try:
+        r = workbench.inspect(d, progress=False)
+    except CheckpointError as e:
+        assert model_type is not None and not isinstance(model_type, str) and "model_type" in str(e)
+        return
+    json.dumps(r.to_dict(), allow_nan=False)
+    changed = {n for n, k, v in edits if _HDR[n][k] != v}
+    for n in changed:
+        assert any(p.tensor == n or n in p.message for p in r.problems), n
