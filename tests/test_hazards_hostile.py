@@ -183,3 +183,13 @@ def test_fifo_and_oversized_schedules_are_refused_before_reading(tmp_path, capsy
     assert len(err.splitlines()) == 1 and "larger than" in err and "big.json" in err
     with pytest.raises(ScheduleError, match="not a regular file"):
         load_schedule(fifo)
+
+
+def test_max_per_kind_keeps_memory_bounded_and_counts_complete():
+    from workbench.buffers import summarize
+    doc = concurrent_same(50)
+    full = analyze(doc)
+    capped = analyze(doc, max_per_kind=3)
+    assert summarize(capped) == summarize(full) and full.omitted == {}
+    assert all(n <= 3 for n in _kinds([h.to_dict() for h in capped]).values())
+    assert capped == [h for h in full if sum(g.kind == h.kind for g in full[: full.index(h) + 1]) <= 3]

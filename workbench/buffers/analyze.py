@@ -209,11 +209,22 @@ class _RegionMap:
         return lo, hi
 
 
-def analyze(schedule: Any) -> list[Hazard]:
-    """All hazards of a schedule (a Schedule, a parsed dict, JSON text, or a path), in event order."""
+class HazardList(list):
+    """The hazards found, in event order; ``omitted``: kind -> how many more were found but not
+    kept (``analyze(..., max_per_kind=N)``)."""
+
+    omitted: dict[str, int]
+
+
+def analyze(schedule: Any, max_per_kind: int | None = None) -> HazardList:
+    """All hazards of a schedule (a Schedule, a parsed dict, JSON text, or a path), in event order.
+
+    ``max_per_kind``: keep at most this many hazards of each kind (memory stays bounded on
+    hostile schedules); the others are counted in the result's ``omitted``.
+    """
     sch: Schedule = as_schedule(schedule)
     with no_gc():
-        return _analyze(sch)
+        return _analyze(sch, max_per_kind)
 
 
 def _unique(accs, declared: set, keep: int) -> list:
@@ -233,7 +244,7 @@ def _unique(accs, declared: set, keep: int) -> list:
     return out
 
 
-def _analyze(sch: Schedule) -> list[Hazard]:
+def _analyze(sch: Schedule, max_per_kind: int | None = None) -> HazardList:
     events = sch.events
     concurrent = sch.mode == "concurrent"
     inplace = {k: set(v) for k, v in sch.kernels.items()}
@@ -241,8 +252,18 @@ def _analyze(sch: Schedule) -> list[Hazard]:
     declared_w = {k: {p[1] for p in v} for k, v in sch.kernels.items()}
     bufs: dict[str, _Buf] = {b: _Buf(spec.size, spec.initialized, None) for b, spec in sch.buffers.items()}
     committed: dict[int, int] = {}
-    out: list[Hazard] = []
+    out = HazardList()
+    out.omitted = {}
     add = out.append
+    if max_per_kind is not None:
+        kept: dict[str, int] = {}
+
+        def add(h: Hazard) -> None:  # noqa: F811
+            n = kept[h.kind] = kept.get(h.kind, 0) + 1
+            if n <= max_per_kind:
+                out.append(h)
+            else:
+                out.omitted[h.kind] = out.omitted.get(h.kind, 0) + 1
     coords = _Coords(sch)
     label_ids: dict[str, int] = {}
     label_names: list[str] = []
@@ -557,7 +578,10 @@ def _pair(idx, me, name, kdesc, decl, pairs, buf, r, rs, re_, w, ws, we, add, pr
 
 
 def summarize(hazards: list[Hazard]) -> dict[str, int]:
+    """kind -> how many were found (those an analysis kept, plus its ``omitted``)."""
     counts: dict[str, int] = {}
     for h in hazards:
         counts[h.kind] = counts.get(h.kind, 0) + 1
+    for k, n in getattr(hazards, "omitted", {}).items():
+        counts[k] = counts.get(k, 0) + n
     return counts

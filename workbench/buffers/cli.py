@@ -25,7 +25,7 @@ def add_arguments(p) -> None:
                    help=f"list at most N hazards of each kind in --json (default {MAX_JSON}; 0: all); "
                         "the counts are always complete and \"omitted\" says how many were left out")
     p.add_argument("--max", type=int, default=50, metavar="N",
-                   help="show at most N hazards in the text report (default 50; --json shows all)")
+                   help="show at most N hazards in the text report (default 50; --json shows up to --max-json of each kind)")
     p.add_argument("--kind", action="append", metavar="KIND",
                    help="only report hazards of this kind (repeatable), e.g. --kind alias-in-dispatch")
 
@@ -38,36 +38,33 @@ def run(args) -> int:
         sch = load_schedule(args.schedule)
     except ScheduleError as e:
         raise UsageError(str(e)) from None
-    hazards = analyze(sch)
+    # hostile schedules: keep a bounded number of each kind (the counts stay complete)
+    hazards = analyze(sch, max_per_kind=args.max_json if args.json and args.max_json > 0 else
+                      None if args.json else max(MAX_JSON, args.max))
     if args.kind:
         from workbench.buffers.analyze import KINDS
         bad = [k for k in args.kind if k not in KINDS]
         if bad:
             raise UsageError(f"unknown hazard kind {bad[0]!r} (kinds: {', '.join(KINDS)})")
-        hazards = [h for h in hazards if h.kind in args.kind]
+        kept = [h for h in hazards if h.kind in args.kind]
+        kept_omitted = {k: n for k, n in hazards.omitted.items() if k in args.kind}
+        hazards = type(hazards)(kept)
+        hazards.omitted = kept_omitted
     n_disp = sum(1 for e in sch.events if e.type == "dispatch")
     if args.json:
-        shown, omitted = hazards, {}
-        if args.max_json > 0:
-            seen: dict[str, int] = {}
-            shown = []
-            for h in hazards:
-                n = seen[h.kind] = seen.get(h.kind, 0) + 1
-                if n <= args.max_json:
-                    shown.append(h)
-                else:
-                    omitted[h.kind] = omitted.get(h.kind, 0) + 1
         print(json.dumps({"schedule": args.schedule, "mode": sch.mode, "events": len(sch.events),
                           "dispatches": n_disp, "buffers": len(sch.buffers), "counts": summarize(hazards),
-                          "omitted": omitted, "hazards": [h.to_dict() for h in shown]}))
+                          "omitted": dict(hazards.omitted), "hazards": [h.to_dict() for h in hazards]}))
     else:
         head = (f"{args.schedule}: {len(sch.events)} events ({n_disp} dispatches), mode {sch.mode}, "
                 f"analysed in {time.perf_counter() - t0:.2f}s")
         if not hazards:
             print(f"{head}: no hazards")
         else:
-            counts = ", ".join(f"{n} {k}" for k, n in summarize(hazards).items())
-            print(f"{head}: {len(hazards)} hazard{'s' if len(hazards) != 1 else ''} ({counts})")
+            found = summarize(hazards)
+            total = sum(found.values())
+            counts = ", ".join(f"{n} {k}" for k, n in found.items())
+            print(f"{head}: {total} hazard{'s' if total != 1 else ''} ({counts})")
             groups = _group(hazards)
             for first, rest in groups[: max(args.max, 0)]:
                 h = first
