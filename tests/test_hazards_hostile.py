@@ -180,7 +180,7 @@ def test_fifo_and_oversized_schedules_are_refused_before_reading(tmp_path, capsy
         f.truncate(sch_mod.MAX_FILE_BYTES + 1)  # sparse: costs no disk
     assert main(["hazards", str(big)]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "larger than" in err and "big.json" in err
+    assert len(err.splitlines()) == 1 and "over the 268.435 MB limit" in err and "big.json" in err
     with pytest.raises(ScheduleError, match="not a regular file"):
         load_schedule(fifo)
 

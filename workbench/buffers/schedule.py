@@ -30,9 +30,10 @@ import contextlib
 import gc
 import json
 import os
-import stat
 from dataclasses import dataclass, field
 from typing import Any, Mapping
+
+from workbench.fsio import InputFileError, read_bytes
 
 FORMAT = "workbench.schedule/1"
 MODES = ("serial", "concurrent")
@@ -449,36 +450,10 @@ def load_schedule(path: str | os.PathLike) -> Schedule:
     path and names the event index and field at fault.
     """
     p = os.fspath(path)
-    try:
-        # O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then refuses it
-        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except IsADirectoryError:
-        raise ScheduleError(f"{p}: is a directory, not a schedule file") from None
-    except FileNotFoundError:
-        raise ScheduleError(f"{p}: no such file") from None
-    except OSError as e:
-        raise ScheduleError(f"{p}: cannot read ({e.strerror or e})") from None
-    try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise ScheduleError(f"{p}: is a directory, not a schedule file")
-        if not stat.S_ISREG(st.st_mode):
-            what = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode)
-                    or stat.S_ISBLK(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a file")
-            raise ScheduleError(f"{p}: not a regular file ({what}); give the schedule JSON file itself")
-        if st.st_size > MAX_FILE_BYTES:
-            raise ScheduleError(f"{p}: {st.st_size} bytes, larger than the {MAX_FILE_BYTES >> 20} MiB a schedule "
-                                f"may be (split the recording, e.g. one file per token)")
-        with os.fdopen(fd, "rb") as f:
-            fd = -1
-            data = f.read(MAX_FILE_BYTES + 1)
-        if len(data) > MAX_FILE_BYTES:  # grew while we read it
-            raise ScheduleError(f"{p}: larger than the {MAX_FILE_BYTES >> 20} MiB a schedule may be")
-    except OSError as e:
-        raise ScheduleError(f"{p}: cannot read ({e.strerror or e})") from None
-    finally:
-        if fd >= 0:
-            os.close(fd)
+    try:  # a regular file only (a FIFO or device is refused without blocking), size checked before reading
+        data = read_bytes(p, MAX_FILE_BYTES)
+    except InputFileError as e:
+        raise ScheduleError(str(e)) from None
     try:
         return parse(data, source=p)
     except ScheduleError as e:
