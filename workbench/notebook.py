@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from workbench import fsio
+
 from workbench.lab import NOTEBOOKS
 
 FORMATS = "ipynb,py:percent"
@@ -45,9 +47,7 @@ def planted(src, dst, change) -> Path:
     f = dst / "model.safetensors"
     tensors, meta = mx.load(str(f), return_metadata=True)
     change(tensors)
-    tmp = dst / ".planted.tmp.safetensors"
-    mx.save_safetensors(str(tmp), tensors, metadata=meta)
-    os.replace(tmp, f)
+    fsio.write_with(f, lambda p: mx.save_safetensors(p, tensors, metadata=meta))  # exclusive temporary, renamed
     return dst
 
 

@@ -19,6 +19,8 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map_with_path
 
+from workbench import fsio
+
 GEMMA4 = {
     "model_type": "gemma4", "vocab_size": 256, "image_token_id": 250, "audio_token_id": 251,
     "boi_token_id": 252, "eoi_token_id": 253, "boa_token_id": 254, "eoa_token_id": 255,
@@ -87,6 +89,6 @@ def _build(model_type: str, cfg: dict, parts: list, dest, *, seed, dtype, nan_at
         w = weights[nan_at]
         flat = w.reshape(-1)
         weights[nan_at] = mx.where(mx.arange(flat.size) == 0, mx.array(float("nan"), w.dtype), flat).reshape(w.shape)
-    mx.save_safetensors(str(dest / "model.safetensors"), weights, metadata={"format": "mlx"})
-    (dest / "config.json").write_text(json.dumps(cfg, indent=1))
+    fsio.write_with(dest / "model.safetensors", lambda p: mx.save_safetensors(p, weights, metadata={"format": "mlx"}))
+    fsio.write_text(dest / "config.json", json.dumps(cfg, indent=1))
     return dest

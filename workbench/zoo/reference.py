@@ -23,6 +23,8 @@ import workbench  # noqa: F401  (fast BLAS before mlx.core)
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map_with_path
 
+from workbench import fsio
+
 _BASE = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
              num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, vocab_size=256,
              max_position_embeddings=512, tie_word_embeddings=False)
@@ -128,8 +130,8 @@ def write(dest, config: dict, *, quant=None, seed: int = 0, dtype=None, tokenize
         model, config = quantize_model(model, config, quant.get("group_size"), quant.get("bits"),
                                        mode=quant.get("mode", "affine"))
     weights = dict(tree_flatten(model.parameters()))
-    mx.save_safetensors(str(dest / "model.safetensors"), weights, metadata={"format": "mlx"})
-    (dest / "config.json").write_text(json.dumps(config, indent=1))
+    fsio.write_with(dest / "model.safetensors", lambda p: mx.save_safetensors(p, weights, metadata={"format": "mlx"}))
+    fsio.write_text(dest / "config.json", json.dumps(config, indent=1))
     if tokenizer:
         from workbench.zoo import write_tokenizer
 
