@@ -158,3 +158,50 @@ def test_browser_attention_view_hover_and_head(tmp_path):
             assert errors == [], errors
         finally:
             browser.close()
+
+
+def test_browser_attention_view_drawn_unrun_from_saved_state(tmp_path, monkeypatch):
+    """A notebook executed with its widget state saved (as workbench.notebook.build does) and
+    opened without running: the AttentionView and the debugger's attention panel are drawn
+    from the saved state, and hovering and picking a head work with no kernel behind them."""
+    assert _chromium_missing() is None, _chromium_missing()
+    import nbformat
+    from nbclient import NotebookClient
+    from playwright.sync_api import sync_playwright
+
+    from workbench.lab import trust_notebooks
+
+    nbdir = tmp_path / "nb"
+    nbdir.mkdir()
+    nb = nbformat.from_dict(_notebook(CELLS))
+    NotebookClient(nb, timeout=300, kernel_name="python3", store_widget_state=True,
+                   resources={"metadata": {"path": str(nbdir)}}).execute()
+    nbformat.write(nb, str(nbdir / "saved.ipynb"))
+    rng = np.random.default_rng(0)
+    P = np.tril(rng.random((3, 6, 6)) + 0.01).astype(np.float32)
+    P /= P.sum(-1, keepdims=True)
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "data"))   # a trust database of our own
+    (tmp_path / "lab").mkdir()
+    with serve_lab(nbdir, tmp_path / "lab") as (base, token, root), sync_playwright() as pw:
+        assert trust_notebooks(root) == ["saved.ipynb"]
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"{base}/lab/tree/saved.ipynb?reset&token={token}", wait_until="domcontentloaded")
+            page.wait_for_function(JS_NOTEBOOK_READY, timeout=120_000, polling=250)
+            view = ".wb-attention-view.standalone"
+            page.locator(f"{view} canvas.wb-attn-cells").first.wait_for(state="attached", timeout=60_000)
+            assert _hover(page, view, 4, 2).startswith(f" on →  cat: p = {_expected_p(P[1, 4, 2])}")
+            page.locator(f"{view} select.wb-attn-head").select_option("0")
+            assert "head 0" in _hover(page, view, 3, 1)
+            assert _hover(page, view, 3, 1).startswith(f" sat →  the: p = {_expected_p(P[0, 3, 1])}")
+            dv = ".wb-step-debugger .wb-attention-view"
+            page.locator(f"{dv} canvas.wb-attn-cells").first.wait_for(state="attached", timeout=60_000)
+            assert "(query #5, key #2, head 2)" in _hover(page, dv, 5, 2)
+            page.locator(".wb-step-debugger").first.screenshot(path=str(ARTIFACTS / "browser_attention_unrun.png"))
+            r = page.evaluate(JS_EXEC, "print('view' in globals(), 'dbg' in globals())")
+            assert r["err"] is None and r["out"].split() == ["False", "False"], r   # nothing ran in this kernel
+            body = page.locator("body").inner_text()
+            assert "Error displaying widget" not in body and "model not found" not in body
+        finally:
+            browser.close()
