@@ -149,6 +149,19 @@ def test_special_files_are_refused_by_name(base, which, kind):
     check(r, 2, which, kind, "not a regular file")
 
 
+@pytest.mark.parametrize("kind", ["FIFO", "huge"])
+def test_special_or_huge_tokenizer_is_named(base, kind):
+    ck = copy(base, f"tokenizer-{kind}")
+    (ck / "tokenizer.json").unlink()
+    if kind == "FIFO":
+        os.mkfifo(ck / "tokenizer.json")
+    else:
+        with open(ck / "tokenizer.json", "wb") as f:
+            f.truncate(3 << 30)  # sparse; the tokenizer library would read it whole
+    r = run_cli("hunt", ck, "--prompt", "a b")
+    check(r, 2, "tokenizer.json", "FIFO" if kind == "FIFO" else "limit", "--ids", peak_mb=800)
+
+
 def test_fifo_or_device_index_is_reported_not_read(base):
     ck = copy(base, "fifo-index")
     os.mkfifo(ck / "model.safetensors.index.json")

@@ -21,9 +21,10 @@ from workbench.checkpoint import names as N
 from workbench.checkpoint.arch import Arch, ConfigError, build_arch, family_of, text_config
 from workbench.checkpoint.quant import QuantConfig, QuantSpec, infer
 from workbench.checkpoint.sfile import SafetensorsFile
-from workbench.fsio import MAX_CONFIG, MAX_INDEX, InputFileError, kind_of, read_bytes
+from workbench.fsio import MAX_CONFIG, MAX_INDEX, InputFileError, check_regular, kind_of, read_bytes
 
 INDEX_NAME = "model.safetensors.index.json"
+MAX_TOKENIZER = 200_000_000  # (the largest real ones are ~35 MB)
 
 
 class CheckpointError(Exception):
@@ -279,7 +280,17 @@ class Checkpoint:
                 n.endswith(".gate_up_proj") for n in self.tensors):
             self.layout = "mlx"  # Gemma 3n: mlx-lm keeps the Hugging Face names (model.language_model.*)
         tp = self.root / "tokenizer.json"
-        self.tokenizer_path = tp if tp.is_file() else None
+        self.tokenizer_path, self.tokenizer_error = None, None
+        if os.path.lexists(tp):  # a regular file of bounded size only (it is read whole when loaded)
+            try:
+                size = check_regular(tp, "tokenizer.json").st_size
+                if size > MAX_TOKENIZER:
+                    raise InputFileError(f"tokenizer.json is {size} bytes, over the {MAX_TOKENIZER // 10**6} MB "
+                                         "limit: refused")
+                self.tokenizer_path = tp
+            except InputFileError as e:
+                self.tokenizer_error = str(e)
+                self.problems.append(Problem("bad-config", "warning", str(e), file="tokenizer.json"))
 
     def _check_index(self):
         if self.index is None:

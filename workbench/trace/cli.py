@@ -47,7 +47,9 @@ def run(args) -> int:
         raise UsageError(f"cannot load {args.path}: {msg}") from None
     if args.prompt is not None:
         if getattr(model, "tokenizer", None) is None:
-            raise UsageError(f"{args.path} has no tokenizer.json: pass --ids instead of --prompt")
+            why = getattr(getattr(model, "checkpoint", None), "tokenizer_error", None)
+            raise UsageError(f"{args.path}: {why}; pass --ids instead of --prompt" if why else
+                             f"{args.path} has no tokenizer.json: pass --ids instead of --prompt")
         ids = model.encode(args.prompt)
         if not ids:
             raise UsageError("the prompt encodes to no tokens")
