@@ -192,7 +192,7 @@ def test_npy_directory_and_safetensors_engine(ckpt, reference, tmp_path, capsys)
     (["dump", "{ck}", "--ids", "1,a", "--out", "{tmp}/x.safetensors"], "comma-separated integers"),
     (["dump", "{ck}", "--ids", "1,2", "--out", "{ck}/model.safetensors"], "not overwriting"),
     (["dump", "{tmp}/broken", "--ids", "1,2", "--out", "{tmp}/x.safetensors"], "missing-tensor"),
-    (["diff", "{tmp}/badtype", "{tmp}/names.npz", "--ids", "1,2"], "unsupported model_type"),
+    (["diff", "{tmp}/badtype", "{tmp}/names.npz", "--ids", "1,2"], "model_type 'foo' is built neither by mlx-lm nor by mlx-vlm"),
     (["diff", "{ck}", "{tmp}/names.npz", "--ids", "1,2", "--min-cosine", "nan"], "--min-cosine must be a finite"),
     (["diff", "{ck}", "{tmp}/names.npz", "--ids", "1,2", "--max-nmse", "inf"], "--max-nmse must be a finite"),
     (["diff", "{ck}", "{tmp}/names.npz", "--ids", "1,2", "--max-abs=-inf"], "--max-abs must be a finite"),
