@@ -238,6 +238,14 @@ def _target(dest) -> tuple[str, str, str]:
     return dest, parent, base
 
 
+def check_destination(dest) -> None:
+    """Fail early (WriteError naming it) if ``dest`` cannot be written: its directory is
+    missing or not writable, or the name is a link or not a regular file."""
+    dest, parent, _ = _target(dest)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise WriteError(f"{dest}: directory {parent} is not writable")
+
+
 def _create_temp(parent: str, base: str) -> tuple[int, str]:
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     for _ in range(16):
@@ -359,6 +367,6 @@ def free_bytes(path) -> int | None:
         return None
 
 
-__all__ = ["InputFileError", "WriteError", "check_regular", "open_regular", "read_bytes", "read_json",
+__all__ = ["InputFileError", "WriteError", "check_regular", "check_destination", "open_regular", "read_bytes", "read_json",
            "atomic_write", "write_bytes", "write_text", "write_json", "write_with", "private_dir",
            "register", "unregister", "cleanup", "free_bytes"]

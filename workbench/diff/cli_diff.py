@@ -50,6 +50,11 @@ def run(args) -> int:
             raise common.UsageError(f"{flag} must be a finite number, not {v}")
     tol = Tolerance(min_cosine=args.min_cosine, max_nmse=args.max_nmse, max_abs=args.max_abs,
                     noise_factor=args.noise_factor)
+    from workbench import fsio
+
+    for dest in (args.plot, args.plot_positions):  # before the work, not after it
+        if dest:
+            fsio.check_destination(dest)
     with common.usage_errors():
         report = compare(args.path, args.engine_dump, prompt=prompt, ids=ids, rules=args.map,
                          tolerance=tol, dtype=args.dtype, noise_floor=args.noise_floor, local=args.local)

@@ -33,6 +33,9 @@ def run(args) -> int:
     out = args.out
     if not out.endswith(".safetensors"):
         raise common.UsageError(f"--out {out}: the dump is written as safetensors; name it *.safetensors")
+    from workbench import fsio
+
+    fsio.check_destination(out)  # before the work, not after it
     with common.usage_errors():
         ref = dump(args.path, out=out, prompt=prompt, ids=ids, ops=ops, dtype=args.dtype, keep_values=False)
     size = os.path.getsize(out)
