@@ -125,6 +125,10 @@ def test_debugger_notes_that_module_granularity_has_no_pattern(tmp_path):
         AttentionView.from_trace(t, layer=0)
 
 
+def ax_hatched(ax) -> bool:
+    return bool(ax.patch.get_hatch())
+
+
 def test_figures_draw_probabilities_with_a_sequential_map(tr):
     from matplotlib.colors import TwoSlopeNorm
 
@@ -135,8 +139,9 @@ def test_figures_draw_probabilities_with_a_sequential_map(tr):
     im = fig.axes[0].images[0]
     assert im.get_cmap().name == "Blues" and not isinstance(im.norm, TwoSlopeNorm)
     assert (im.norm.vmin, im.norm.vmax) == (0.0, 1.0)
-    shown = np.ma.getdata(im.get_array())
-    assert np.isnan(shown[0, 1])                          # masked cells left blank (hatched), not coloured
+    shown = im.get_array()
+    assert shown.mask[0, 1] and shown.data[0, 1] == 0     # masked cells left blank (hatched), not coloured
+    assert not shown.mask[1, 0] and ax_hatched(fig.axes[0])
     white, dark = im.get_cmap()(0.0), im.get_cmap()(1.0)
     assert min(white[:3]) > 0.9 and dark[2] > dark[0] and sum(dark[:3]) < 1.0
     # an activation that is a probability (no negative value): sequential from 0

@@ -260,7 +260,7 @@ def attention_pattern(weights: Any, head: int = 0, tokens: Sequence[str] | None 
     cmap = _sequential("Blues").with_extremes(bad=(0.0, 0.0, 0.0, 0.0))  # masked cells: the hatch shows through
     ax.patch.set_hatch("///")
     ax.patch.set_edgecolor("0.82")
-    im = ax.imshow(np.where(fin & ~masked, a, np.nan), cmap=cmap, vmin=0.0, vmax=1.0,
+    im = ax.imshow(np.ma.masked_array(a, mask=masked | ~fin), cmap=cmap, vmin=0.0, vmax=1.0,
                    interpolation="nearest", aspect="auto")
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.02).set_label("attention probability (0 to 1)")
     handles = []
