@@ -41,6 +41,11 @@ dbg = StepDebugger(workbench.trace(workbench.load(DEMO, dtype="float32"), "apple
                                    capture="full"), head=2)
 dbg.run_to("layers.1.self_attn.softmax")
 dbg''',
+    '''L = np.tril(rng.random((2, 100, 100)) + 0.01).astype(np.float32)
+L /= L.sum(-1, keepdims=True)
+long = AttentionView(L, [f"t{i}" for i in range(100)], [f"t{i}" for i in range(100)])
+long.add_class("long")
+long''',
 ]
 
 JS_EXEC = """async (code) => {
@@ -152,6 +157,20 @@ def test_browser_attention_view_hover_and_head(tmp_path):
             text = _hover(page, dv, 5, 1)
             assert text.startswith(f"{toks[5]} → {toks[1]}: p = {_expected_p(np.float32(vals[5][1]))}"), text
             page.locator(".wb-step-debugger").first.screenshot(path=str(ARTIFACTS / "browser_attention_debugger.png"))
+
+            # 100 tokens: 10 px cells, the grid scrolls inside its box, the key labels stay on top
+            lv = ".wb-attention-view.long"
+            page.locator(f"{lv} canvas.wb-attn-cells").first.wait_for(state="attached", timeout=60_000)
+            box = page.locator(f"{lv} .wb-attn-scroll").first
+            box.scroll_into_view_if_needed()
+            size = box.evaluate("e => [e.scrollHeight, e.clientHeight, e.querySelector('canvas').clientWidth]")
+            assert size[0] > size[1] and size[2] == 1000, size
+            box.evaluate("e => { e.scrollTop = e.scrollHeight; }")
+            tops = box.evaluate("e => [e.getBoundingClientRect().top, "
+                                "e.querySelector('.wb-attn-cols').getBoundingClientRect().top]")
+            assert abs(tops[0] - tops[1]) <= 2, tops
+            assert _hover(page, lv, 99, 42).startswith("t99 → t42: p = ")
+            page.locator(lv).first.screenshot(path=str(ARTIFACTS / "browser_attention_long.png"))
             body = page.locator("body").inner_text()
             assert "Error displaying widget" not in body and "Error rendering output" not in body
             errors = [c for c in console if c.startswith("error") and "attn" in c.lower()]
