@@ -108,6 +108,14 @@ def test_debugger_shows_the_view_on_a_softmax_step(demo):
     assert d.attention.layout.display is None and d.attention.head == 3
     d.run_to("layers.1")                                  # not an attention op
     assert d.attention_box.layout.display == "none"
+    d.run_to("layers.2.self_attn.o_proj")                 # an attention op again, with a tiny size limit
+    from workbench.widgets import debugger as dbg_mod
+    limit, dbg_mod.ATTENTION_MAX_BYTES = dbg_mod.ATTENTION_MAX_BYTES, 64
+    try:
+        d.refresh()
+        assert d.attention.layout.display == "none" and "too large to send" in d.attention_note.value
+    finally:
+        dbg_mod.ATTENTION_MAX_BYTES = limit
 
 
 def test_debugger_notes_that_module_granularity_has_no_pattern(tmp_path):

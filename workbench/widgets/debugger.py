@@ -50,6 +50,7 @@ _ATTN = re.compile(r"^layers\.(\d+)\.(?:self_attn|attention|attn)(?:\.|$)")
 _NUMBERING = "<br><span style='color:#777;font-size:90%'>ops are numbered #0 to #{last}, as Step.index</span>"
 
 CHUNK = 48  # ops per evaluation while running (the progress bar moves between chunks)
+ATTENTION_MAX_BYTES = 64 * 2**20  # an attention pattern larger than this is not sent to the page
 
 
 def _to_numpy(v) -> np.ndarray:
@@ -414,6 +415,12 @@ class StepDebugger(W.VBox):
         if v.ndim == 2:
             v = v[None]
         heads, t, k = v.shape
+        if v.size * 4 > ATTENTION_MAX_BYTES:
+            self.attention.layout.display = "none"
+            self.attention_note.value = (f"<i>attention: <code>{name}</code> is {heads} heads × {t} × {k} "
+                                         f"({v.size * 4 / 2**20:.0f} MiB as float32), too large to send to the "
+                                         f"page; draw one head with workbench.plots.attention_pattern</i>")
+            return
         tq, tk = token_labels(self.trace, t, k, tokens=self.tokens)
         head = self.attention.head
         if self._head0 is not None:
