@@ -16,31 +16,33 @@
 # port a model to your own engine — shapes, ranges, how close a value is to overflowing
 # float16, where the first NaN appears and why.
 #
-# It runs on MLX (on a Mac's GPU, or on the CPU anywhere) and is proven against mlx-lm, the
-# reference implementation: our logits equal mlx-lm's. This tour takes a few minutes; each
-# later notebook goes deep on one topic:
+# It runs on MLX, Apple's array library (on a Mac's GPU, or on the CPU anywhere), and is
+# checked against mlx-lm, the MLX team's implementation of these models: our **logits** (the
+# model's score for every possible next token) equal mlx-lm's. This tour takes a few minutes;
+# run each cell in order (Shift-Enter). Each later notebook goes deep on one topic:
 #
 # | notebook | what you learn |
 # |---|---|
 # | 02 weights | is a checkpoint complete? *missing* vs *misnamed* tensors |
 # | 03 forward pass | embeddings, norms, RoPE, attention, MLP, residual stream, logit lens |
-# | 04 NaN hunt | an fp16 overflow and a poisoned weight, found and explained |
+# | 04 NaN hunt | a float16 overflow and a poisoned weight, found and explained |
 # | 05 buffer aliasing | an engine bug that corrupts numbers silently, and the analyzer that finds it |
 # | 06 engine diff | the first op where your engine departs from the reference |
 # | 07 mixture of experts | the router, top-k experts, expert load |
-# | 08 generation | the KV cache, token by token |
+# | 08 generation | the KV (key/value) cache, token by token |
 #
 # ## The demo model
 #
-# Everything runs offline on a small model that ships with the repository: a real Gemma 4
-# architecture (sliding-window and full attention layers, per-layer embeddings), a few MB,
-# trained for a few minutes on two tasks whose answers can be checked:
+# Everything runs offline on a small model that ships with the repository: the real Gemma 4
+# architecture (Google's open model family: sliding-window and full attention layers,
+# per-layer embeddings, all explained in notebook 03), shrunk to a few MB and trained for a
+# few minutes on two tasks whose answers can be checked:
 #
 # * **copy**: `lamp river coin | lamp river coin .` — repeat a list of words seen once;
 # * **recall**: `mia red kite . tom blue cup . anna green hat . tom` → ` blue cup .` — who has what
 
 # %%
-import workbench                      # first: puts MLX on a fast BLAS
+import workbench                      # first: on Linux, points MLX at a fast BLAS (matrix-multiply library)
 import numpy as np
 import mlx.core as mx
 from IPython.display import display
@@ -51,7 +53,7 @@ np.set_printoptions(precision=4, suppress=True, linewidth=110)
 from workbench.demo.paths import DEMO
 from workbench.widgets import StepDebugger
 from workbench import plots
-model = workbench.load(DEMO, dtype="float32")   # stored in bfloat16, computed in float32 here
+model = workbench.load(DEMO, dtype="float32")   # stored in bfloat16 (16-bit floats), computed in float32 here
 model
 
 # %%
@@ -102,7 +104,11 @@ top = mx.argsort(-probs)[:3].tolist()
 print("next token:", [(model.decode([t]), round(probs[t].item(), 3)) for t in top])
 
 # %% [markdown]
-# Any value, by op name, as an MLX array; and its statistics:
+# Any value, by op name, as an MLX array; and its statistics: `absmax` is the largest |x|,
+# `nan` / `posinf` / `neginf` count the non-finite elements, `zero_frac` is the fraction of
+# exact zeros, `headroom` is absmax over the largest finite value of the trace's dtype (how
+# close to overflow), `masked` counts the attention scores filled in to hide future tokens
+# (they are left out of the other statistics).
 
 # %%
 v = tr.value("layers.0.self_attn.softmax")
@@ -141,11 +147,13 @@ plots.residual_norm_plot(tr, tokens=tokens)
 # And one attention head's pattern: each row is a query token, each column a key token it
 # may look at (only earlier ones: the model is causal). After the `|`, this head looks at the
 # word that *followed* the current word the first time round — it is an **induction head**,
-# the circuit that lets the model copy (notebook 03 explains it). Before the `|`, with nothing
-# to copy yet, it parks its attention on `<bos>`, as idle heads do.
+# the circuit that lets the model copy (notebook 03 explains and measures it). Before the `|`,
+# with nothing to copy yet, it parks its attention on `<bos>` (the beginning-of-sequence token
+# every prompt starts with), as idle heads do. `NAMED_HEADS` holds the heads measured when the
+# demo model was built, as (layer, head, score).
 
 # %%
-from workbench.demo import NAMED_HEADS      # measured heads of the demo model (docs/demo.md)
+from workbench.demo import NAMED_HEADS      # heads measured when the demo model was built
 layer, head, score = NAMED_HEADS["induction"]
 plots.attention_pattern(tr.value(f"layers.{layer}.self_attn.softmax"), head=head, tokens=tokens,
                         title=f"layers.{layer} head {head}: induction")

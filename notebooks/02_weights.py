@@ -25,10 +25,11 @@
 # them apart in a second, from the checkpoint's headers alone, without loading any weights.
 #
 # Everything here runs on tiny checkpoints written on the fly by `workbench.zoo` (same
-# layout and names as real Gemma 4 checkpoints, random numbers, a few hundred KB).
+# layout and names as real checkpoints of Gemma 4, Google's open model family, but random
+# numbers and a few hundred KB).
 
 # %%
-import workbench                      # first: puts MLX on a fast BLAS
+import workbench                      # first: on Linux, points MLX at a fast BLAS (matrix-multiply library)
 import numpy as np
 import mlx.core as mx
 from IPython.display import display
@@ -44,8 +45,10 @@ work = pathlib.Path(tempfile.mkdtemp())
 # %% [markdown]
 # ## A healthy checkpoint
 #
-# `zoo.build` writes a small Gemma-4-shaped model: 6 layers, hidden size 64, in the MLX
-# name layout (`model.layers.N...`). Let us look at what is on disk.
+# `zoo.build` writes a small Gemma-4-shaped model: 6 layers, hidden size 64, with tensor
+# names as MLX conversions of a text-only model write them (`model.layers.N...`; original
+# Hugging Face files of the multimodal Gemma use `model.language_model.layers.N...`, and the
+# inspector reads both). Let us look at what is on disk.
 
 # %%
 clean = zoo.build("gemma4_text", work / "clean")
@@ -56,7 +59,8 @@ for f in sorted(clean.iterdir()):
 # A `.safetensors` file is an 8-byte length, a JSON **header** (every tensor's name, dtype,
 # shape and byte range), then the raw bytes. Reading the header is enough to check names,
 # shapes and dtypes against the config — that is why inspection takes milliseconds even on a
-# 60 GB model. Here is a piece of the header, read by hand:
+# 60 GB model. Here is a piece of the header, read by hand (`BF16` is bfloat16, a 16-bit
+# float; `data_offsets` is the tensor's byte range after the header):
 
 # %%
 import json, struct
@@ -73,6 +77,26 @@ for name in ["model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weigh
 # the last layers may *share* keys and values with earlier ones and then have no `k_proj`).
 # The report's grid shows every layer × every tensor kind:
 # `✓` present, `·` not needed in this layer, `✗` missing, `!` present but wrong.
+# Its column headers are short names for the tensors of one layer (`layers.N.<tensor>`):
+#
+# | column | tensor | what it is |
+# |---|---|---|
+# | `q` `k` `v` `o` | `self_attn.{q,k,v,o}_proj` | attention's query, key, value and output projections |
+# | `qn` `kn` | `self_attn.q_norm`, `self_attn.k_norm` | the norms applied to queries and keys |
+# | `gate` `up` `down` | `mlp.{gate,up,down}_proj` | the MLP's (feed-forward network's) three matrices |
+# | `in` | `input_layernorm` | the norm before attention |
+# | `pa` | `post_attention_layernorm` | the norm after attention |
+# | `pf` | `pre_feedforward_layernorm` | the norm before the MLP |
+# | `pff` | `post_feedforward_layernorm` | the norm after the MLP |
+# | `plg` | `per_layer_input_gate` | per-layer embeddings: the gate that mixes them in |
+# | `plp` | `per_layer_projection` | per-layer embeddings: the projection back to the stream |
+# | `pln` | `post_per_layer_input_norm` | per-layer embeddings: the norm after them |
+# | `ls` | `layer_scalar` | one learned number scaling the layer's output |
+#
+# Mixture-of-experts models (notebook 07) add `rt` (`router`), `exp` (`experts`), `pf2`,
+# `pff1` and `pff2` (the norms around the expert branch). Here layers 4–5 show `·` under
+# `k`, `v` and `kn`: this config has `num_kv_shared_layers: 2`, so the last two layers reuse
+# the keys and values of an earlier layer and own no key/value weights.
 
 # %%
 report = workbench.inspect(clean)
@@ -148,7 +172,8 @@ for p in poisoned.problems:
 # with problems are marked (`✗` missing, `!` wrong) and the browser opens on the first
 # problem. Each tensor shows its file and byte offset, its statistics, and a histogram of its
 # values. Below, a heatmap of one statistic for every layer × tensor: a layer unlike its
-# neighbours stands out. (Widgets need a live kernel; run the notebook to use them.)
+# neighbours stands out. (Before you run the notebook you see the view as it was saved;
+# run the notebook to click through it.)
 
 # %%
 misnamed_v = workbench.inspect(work / "misnamed", values=True)
@@ -165,9 +190,12 @@ print([o["text"] for o in browser.detail.outputs if o["output_type"] == "stream"
 # %% [markdown]
 # ## Quantized checkpoints
 #
-# Quantized weights are stored packed: 4-bit values eight to a `uint32`, plus per-group
-# **scales** (and, for *affine* quantization, **biases**). `mxfp4`, `mxfp8` and `nvfp4`
-# have scales only. The inspector infers the mode, bits and group size of every module
+# Quantized weights are stored packed: 4-bit values eight to a `uint32`, plus one
+# **scale** per group of consecutive values (and, for *affine* quantization — integer values
+# times a scale plus an offset — a **bias** per group too). The microscaling formats have
+# scales only: `mxfp4` (4-bit floats, one shared power-of-two scale per 32 values), `mxfp8`
+# (8-bit floats, the same), `nvfp4` (NVIDIA's 4-bit floats, one scale per 16 values).
+# `affine4` below is affine with 4 bits. The inspector infers the mode, bits and group size of every module
 # from the shapes and checks them against the config's `quantization` block — a common
 # porting bug is reading a "with biases" checkpoint as "without", or the reverse.
 

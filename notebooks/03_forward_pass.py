@@ -18,14 +18,20 @@
 # step's arithmetic by hand with numpy, so nothing is magic:
 #
 # 1. tokens and **embeddings**
-# 2. **RMS norm**
-# 3. **attention**: queries, keys, values, **RoPE**, scores, softmax, the heads' outputs
-# 4. the **MLP** (a gated feed-forward network)
+# 2. **RMS norm** (root-mean-square normalisation)
+# 3. **attention**: queries, keys, values, **RoPE** (rotary position embedding), scores,
+#    softmax, the heads' outputs
+# 4. the **MLP** (multi-layer perceptron: here a gated feed-forward network)
 # 5. the **residual stream**, layer after layer
-# 6. the **logit lens**: what each layer would predict if it were the last
+# 6. the **logit lens**: what each layer would predict if it were the last (a *logit* is
+#    the model's raw score for one vocabulary token, before softmax turns scores into
+#    probabilities)
+#
+# Below, `v(name)` is an op's output as a numpy array and `D` the model's width (the length
+# of every token's vector in the residual stream).
 
 # %%
-import workbench                      # first: puts MLX on a fast BLAS
+import workbench                      # first: on Linux, points MLX at a fast BLAS (matrix-multiply library)
 import numpy as np
 import mlx.core as mx
 from IPython.display import display
@@ -42,7 +48,7 @@ tr = workbench.trace(model, prompt, capture="full")
 tr.run()
 v = lambda name: np.array(tr.value(name)[0])   # an op's output for our one sequence, as numpy
 cfg = model.config
-D = cfg["hidden_size"]
+D = cfg["hidden_size"]                          # the model's width
 
 # %% [markdown]
 # ## 1 · Tokens and embeddings
@@ -84,7 +90,7 @@ print(v("per_layer_inputs").shape, "= (tokens, layers, size per layer)")
 # %%
 x = v("embed_scale")  # the residual stream entering layer 0
 w = np.array(model.weights("float32")["layers.0.input_layernorm.weight"])
-eps = cfg.get("rms_norm_eps", 1e-6)
+eps = cfg.get("rms_norm_eps", 1e-6)   # a tiny constant: never divide by zero
 by_hand = x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps) * w
 print("by hand == input_layernorm:", np.allclose(by_hand, v("layers.0.input_layernorm"), atol=1e-5))
 print("RMS of each token before:", np.sqrt((x ** 2).mean(-1)).round(2))
@@ -180,7 +186,9 @@ print("induction head (layer, head):", INDUCTION, "| previous-token head before 
 
 # %% [markdown]
 # Layer 1 holds the induction heads — two of them, near twins scoring almost the same
-# (docs/demo.md, measuring on more texts, names head 0; here head 1 edges ahead). An
+# (the measurement made when the demo model was built, on more texts, ranks head 0 first:
+# `workbench.demo.NAMED_HEADS`, used in notebooks 01 and 08; on these 20 prompts head 1
+# edges ahead). An
 # induction head can only use what earlier layers wrote into the residual stream, so the
 # previous-token head it relies on must sit in an *earlier* layer: we take the best one there
 # (later layers have previous-token-like heads too, doing other jobs). Their patterns on our
@@ -197,7 +205,9 @@ for role, (layer, head) in {"previous-token": PREV, "induction": INDUCTION}.item
 #
 # After attention, each token is processed on its own by a two-layer network with a **gate**:
 # `gate_proj` and `up_proj` widen the vector, `act` = GELU(gate) × up lets the gate switch
-# channels on and off, `down_proj` narrows it back to D.
+# channels on and off, `down_proj` narrows it back to D. GELU (Gaussian error linear unit)
+# is a smooth version of ReLU, max(0, x): about x for large x, about 0 for very negative x;
+# Gemma uses its tanh approximation, written out below.
 
 # %%
 g, u, a = v("layers.0.mlp.gate_proj"), v("layers.0.mlp.up_proj"), v("layers.0.mlp.act")

@@ -25,10 +25,13 @@
 # | `nonfinite-input` | a program input is already non-finite |
 # | `injected` | you put it there on purpose (interventions, for teaching) |
 #
-# Two real cases follow: an **fp16 overflow** and a **poisoned weight**.
+# Two real cases follow: an **fp16 overflow** (fp16 = float16, the 16-bit float format many
+# GPU engines use) and a **poisoned weight**. Both are planted in copies of the demo model
+# with `workbench.notebook.planted(source, copy, change)`, which applies `change` to the
+# copy's tensors and never touches the original.
 
 # %%
-import workbench                      # first: puts MLX on a fast BLAS
+import workbench                      # first: on Linux, points MLX at a fast BLAS (matrix-multiply library)
 import numpy as np
 import mlx.core as mx
 from IPython.display import display
@@ -36,24 +39,14 @@ from IPython.display import display
 np.random.seed(0); mx.random.seed(0)
 np.set_printoptions(precision=4, suppress=True, linewidth=110)
 
-import shutil, tempfile, pathlib
+import tempfile, pathlib
 from workbench.demo.paths import DEMO
+from workbench.notebook import planted
 from workbench.trace import hunt, inject
 from workbench.widgets import StepDebugger
 from workbench import plots
 work = pathlib.Path(tempfile.mkdtemp())
 prompt = "mia red kite . tom blue cup . anna green hat . mia"
-
-def planted(name, change):
-    """A copy of the demo checkpoint with change(tensors) applied (the original is untouched)."""
-    dst = work / name
-    shutil.copytree(DEMO, dst)
-    f = dst / "model.safetensors"
-    tensors, meta = mx.load(str(f), return_metadata=True)
-    change(tensors)
-    mx.save_safetensors(str(f), tensors, metadata=meta)
-    return dst
-
 
 # %% [markdown]
 # ## Floating-point ranges
@@ -73,7 +66,9 @@ def planted(name, change):
 # Our small demo model has modest activations, so we make it behave like a big Gemma: we scale
 # layer 1's MLP weights up (a model can carry such weights; the norm after the MLP absorbs the
 # size). The MLP's activation is gate × up, so scaling both by `s` scales it by about `s²`; we
-# pick `s` to bring its largest value to about twice float16's limit.
+# pick `s` to bring its largest value to about twice float16's limit. Two words used below:
+# an op's **absmax** is its largest absolute value, and its **headroom** is that absmax divided
+# by the largest finite value of the dtype the trace runs in (1.0 or more: overflow).
 
 # %%
 base = workbench.trace(workbench.load(DEMO), prompt, capture="stats", dtype="float32")
@@ -85,7 +80,7 @@ print(f"layers.1.mlp.act absmax {act_max:.3g} -> scale gate_proj and up_proj by 
 def big_mlp(ts):
     for k in [k for k in ts if k.endswith(("layers.1.mlp.gate_proj.weight", "layers.1.mlp.up_proj.weight"))]:
         ts[k] = (ts[k].astype(mx.float32) * s).astype(ts[k].dtype)
-loud = workbench.load(planted("loud", big_mlp))
+loud = workbench.load(planted(DEMO, work / "loud", big_mlp))
 t32 = workbench.trace(loud, prompt, capture="stats", dtype="float32")
 t32.run()
 print("float32 first non-finite:", t32.first_nonfinite())
@@ -156,7 +151,7 @@ def poison(ts):
     w = np.array(ts[k].astype(mx.float32))
     w[7, 3] = np.nan
     ts[k] = mx.array(w).astype(ts[k].dtype)
-bad = workbench.load(planted("poisoned", poison))
+bad = workbench.load(planted(DEMO, work / "poisoned", poison))
 r = hunt(bad, prompt, dtype="float32")
 print(r.finding)
 print([(d["name"], d["nan"]) for d in r.finding.weights])

@@ -9,9 +9,10 @@
 # ---
 
 # %% [markdown]
-# # 05 · Buffer aliasing: the `attnH` story
+# # 05 · Buffer aliasing: when an engine overwrites its own input
 #
-# A GPU inference engine does not run "the model"; it runs a long list of **dispatches**.
+# A GPU inference engine (one written on Metal, Apple's GPU interface, or CUDA, NVIDIA's)
+# does not run "the model"; it runs a long list of **dispatches**.
 # Each dispatch launches one kernel (a matrix multiply, a norm, an attention) that reads
 # some byte ranges of some GPU buffers and writes its result into another range. To save
 # memory, engines **reuse** a small pool of scratch buffers: the buffer that held layer 0's
@@ -20,17 +21,17 @@
 # The classic bug: a kernel whose **output buffer is also one of its inputs**. A GPU
 # kernel computes its output in tiles, in parallel; as soon as the first tiles are written,
 # the input the remaining tiles still need is gone. The result is not an error message —
-# it is slightly wrong numbers, or NaN, a few layers later. In the reports this project
-# grew from, a Metal engine produced NaN until the attention output got its own scratch
-# buffer, `attnH` ("buffer isolation"). Nobody could *see* the aliasing; they found it by
-# trial and error.
+# it is slightly wrong numbers, or NaN, a few layers later. A real case: a Metal engine for
+# Gemma produced NaN until its authors gave the attention output a scratch buffer of its own
+# (they called it `attnH`). Nobody could *see* the aliasing; it was found by trial and error,
+# by isolating buffers one at a time.
 #
 # This notebook reproduces that bug on purpose with the **engine emulator**, then finds it
 # with the **hazard analyzer** — the same analyzer you can point at a schedule recorded from
 # your own engine.
 
 # %%
-import workbench                      # first: puts MLX on a fast BLAS
+import workbench                      # first: on Linux, points MLX at a fast BLAS (matrix-multiply library)
 import numpy as np
 import mlx.core as mx
 from IPython.display import display
@@ -113,9 +114,10 @@ timeline = HazardTimeline(bad.schedule)
 timeline
 
 # %% [markdown]
-# ## The fix: a separate `attnH` buffer
+# ## The fix: an output buffer of its own (`attnH`)
 #
-# Give `o_proj` an output buffer of its own — exactly what the engine's authors eventually did:
+# Give `o_proj` an output buffer of its own — what the Metal engine's authors eventually did
+# (we keep their name for it):
 
 # %%
 fixed = emu.run(plan.place(o_proj, like=context).place(o_proj, buffer="attnH"))
@@ -142,8 +144,9 @@ print(h.message)
 #
 # The schedule is a plain JSON file. An engine emits one entry per dispatch while it encodes
 # (buffer id, byte offset, size for every read and write; optionally the name of the tensor
-# written or expected), plus barriers and command-buffer commits. docs/schedule.md is the
-# format and a short guide to emitting it from Metal or CUDA. Here is what two events look like:
+# written or expected), plus barriers (points where the GPU waits for earlier dispatches to
+# finish) and command-buffer commits. docs/schedule.md in the repository is the format and
+# a short guide to emitting it from Metal or CUDA. Here is the faulty dispatch's entry:
 
 # %%
 path = work / "bad.schedule.json"
@@ -154,8 +157,8 @@ i = bad.dispatch_of(o_proj)
 print(json.dumps(doc["events"][i], indent=1))
 
 # %% [markdown]
-# The command line gives the same answer, with exit status 1 when hazards are found (so a CI
-# job can run it on every engine build):
+# The command line gives the same answer, with exit status 1 when hazards are found (so an
+# automatic check — continuous integration — can run it on every engine build):
 
 # %%
 from workbench.cli import main as workbench_cli
@@ -164,9 +167,11 @@ print("exit status", workbench_cli(["hazards", str(path)]))
 # %% [markdown]
 # ## Command buffers
 #
-# The same analyzer checks the command-buffer lifecycle. Another crash from the reports:
-# encoding a dispatch into a command buffer that was already committed. A four-event
-# schedule is enough to show it:
+# GPU work is recorded into **command buffers** and submitted as a whole (**committed**);
+# after that, nothing more may be recorded into the same buffer. The same analyzer checks
+# this lifecycle. Another real crash: encoding a dispatch into a command buffer that was
+# already committed. A three-event schedule is enough to show it (`cb` is the command buffer
+# each event belongs to):
 
 # %%
 tiny = {"format": "workbench.schedule/1", "mode": "serial",

@@ -19,8 +19,9 @@
 #
 # The recipe:
 #
-# 1. make your engine write the tensors it computes (any names) to a `.safetensors`, `.npz`
-#    or a folder of `.npy` files, for a fixed list of token ids;
+# 1. make your engine write the tensors it computes (any names) to a `.safetensors` file, an
+#    `.npz` (numpy's archive of arrays) or a folder of `.npy` files (one numpy array each),
+#    for a fixed list of token ids;
 # 2. write a small rules file mapping your names to ours (regular expressions);
 # 3. `workbench diff MODEL engine.npz --ids ... --map rules.json`.
 #
@@ -28,7 +29,7 @@
 # subtly wrong one — exactly the kind of bug a port contains.
 
 # %%
-import workbench                      # first: puts MLX on a fast BLAS
+import workbench                      # first: on Linux, points MLX at a fast BLAS (matrix-multiply library)
 import numpy as np
 import mlx.core as mx
 from IPython.display import display
@@ -54,8 +55,10 @@ print(len(ids), "tokens:", ids)
 # ## A ported engine with a classic bug
 #
 # Gemma's MLP uses GELU as its gate activation; Llama's uses SiLU. Porting from a Llama engine,
-# it is easy to keep SiLU. The two functions look alike (both ≈ x for large x, ≈ 0 for very
-# negative x), so the model still produces *plausible* output. Since the model is a program —
+# it is easy to keep SiLU. The two functions look alike — GELU(x) = x·Φ(x) with Φ the normal
+# distribution's CDF (Gemma uses a tanh approximation), SiLU(x) = x·sigmoid(x); both ≈ x for
+# large x, ≈ 0 for very negative x — so the model still produces *plausible* output. Since
+# the model is a program —
 # a list of ops — our "engine" is that list with the activation op replaced, run in bfloat16
 # like a real GPU engine:
 
@@ -79,9 +82,10 @@ print("engine's next token:", repr(model.decode([int(buggy["logits"][-1].argmax(
 # %% [markdown]
 # ## The engine's dump
 #
-# Engines name their tensors their own way and do not dump everything. Ours writes, llama.cpp
-# style, a few tensors per layer (without the batch dimension) — plus one tensor that has no
-# counterpart in the reference:
+# Engines name their tensors their own way and do not dump everything. Ours writes, in the
+# style of llama.cpp (a widely used C++ engine: `blk.N.attn_norm`, `ffn_out`, `l_out` for
+# the layer's output...), a few tensors per layer (without the batch dimension) — plus one
+# tensor that has no counterpart in the reference:
 
 # %%
 NAMES = {"attn_norm": "input_layernorm", "attn_out": "self_attn.o_proj", "ffn_inp": "attn_residual",
@@ -117,8 +121,14 @@ print((work / "rules.json").read_text()[:300])
 #
 # `compare` runs our reference on the same ids, captures exactly the ops the engine dumped,
 # reconciles layouts (here: the missing batch dimension) and computes, per op, the cosine
-# similarity, the normalised mean squared error (NMSE: error energy / signal energy) and the
-# largest absolute error.
+# similarity (`cosine`: 1 when the two tensors point the same way), the normalised mean
+# squared error (`nmse`: error energy / signal energy) and the largest absolute error
+# (`max_abs`). `#` is the op's position in the program. `local nmse` is measured only where
+# the engine also dumped the op's inputs: our op applied to *the engine's own inputs*,
+# compared with the engine's output — that error is the op's own, not inherited from
+# upstream (`-`: the inputs were not dumped). `non-finite` counts the NaN and ±Inf values in
+# the op's two tensors (blank: none); where there are any, the metrics above read `nan`
+# rather than a reassuring number.
 
 # %% tags=["nbval-ignore-output"]
 report = compare(model, work / "engine.npz", ids=ids, rules=work / "rules.json", dtype="float32")

@@ -14,9 +14,10 @@
 # In a dense model every token goes through the same MLP. In a **mixture-of-experts** (MoE)
 # layer there are several MLPs — the **experts** — and a small **router** picks, per token,
 # the few experts that process it. The model holds many parameters but each token uses only a
-# fraction of them (Gemma 4 26B-A4B: 26 B parameters, ~4 B active per token).
+# fraction of them (Gemma 4 26B-A4B: 26 billion parameters, about 4 billion active per token).
 #
-# Gemma 4's MoE layer keeps its dense MLP and adds the experts next to it:
+# Gemma 4's MoE layer keeps its dense MLP and adds the experts next to it (`h` is a token's
+# vector in the residual stream, each name a norm or block of the layer as in notebook 03):
 #
 #     h1 = post_feedforward_layernorm_1( mlp(pre_feedforward_layernorm(h)) )           dense MLP
 #     h2 = post_feedforward_layernorm_2( experts(pre_feedforward_layernorm_2(h)) )     routed experts
@@ -27,7 +28,7 @@
 # per-expert scale — the model still runs.
 
 # %%
-import workbench                      # first: puts MLX on a fast BLAS
+import workbench                      # first: on Linux, points MLX at a fast BLAS (matrix-multiply library)
 import numpy as np
 import mlx.core as mx
 from IPython.display import display
@@ -132,8 +133,8 @@ for i in range(L):
 
 # %% [markdown]
 # In this small model the experts add a correction about a tenth the size of the dense
-# branch: it was *upcycled* from the dense demo model (the expert branch started scaled down)
-# and trained only briefly. In a model trained as MoE from the start the balance is different —
+# branch: it was *upcycled* from the dense demo model (built from the dense model's weights,
+# its new expert branch starting scaled down) and trained only briefly. In a model trained as MoE from the start the balance is different —
 # which is exactly what this kind of measurement is for.
 
 # %% [markdown]

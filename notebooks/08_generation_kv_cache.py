@@ -17,16 +17,19 @@
 #
 # Running the whole text again for every new token repeats almost all the work: in a causal
 # model, earlier tokens never look at later ones, so their **keys and values** — the vectors
-# attention reads — never change. The **KV cache** keeps them: the first forward pass (the
+# attention reads — never change. The **KV cache** (K for keys, V for values) keeps them:
+# the first forward pass (the
 # **prefill**) runs on the whole prompt and stores every layer's keys and values; each later
 # forward runs on **one** new token, appends its key and value, and attends over the cache.
 #
-# Cache bugs are a classic of engine ports (wrong positions for RoPE, off-by-one lengths,
+# Cache bugs are a classic of engine ports (wrong positions for RoPE — the rotary position
+# embedding that turns queries and keys by an angle set by the token's position, notebook 03 —
+# off-by-one lengths,
 # a cache shared between layers that should not share it). Here we look inside one generation
 # and prove that the cached forward passes give the same numbers as recomputing everything.
 
 # %%
-import workbench                      # first: puts MLX on a fast BLAS
+import workbench                      # first: on Linux, points MLX at a fast BLAS (matrix-multiply library)
 import numpy as np
 import mlx.core as mx
 from IPython.display import display
@@ -59,8 +62,9 @@ for k, t in enumerate(g.traces):
 # has a **single** query — the new token — but its scores span every position so far: the
 # cache grows by one key per step (the third dimension of `cached keys`).
 #
-# Note `rope_offset`: the new token must be rotated by its *true position* in the text, not
-# by 0. Forgetting that is one of the most common cache bugs.
+# Note `rope_offset`, the position of the forward's first token: the new token must be
+# rotated by its *true position* in the text, not by 0. Forgetting that is one of the most
+# common cache bugs.
 
 # %%
 print([int(np.array(t.value("rope_offset"))[0]) for t in g.traces])
@@ -89,7 +93,7 @@ for k, t in enumerate(g.traces):
 # *after* the previous occurrence of the current word:
 
 # %%
-from workbench.demo import NAMED_HEADS      # measured heads of the demo model (docs/demo.md)
+from workbench.demo import NAMED_HEADS      # heads measured when the demo model was built (notebook 03)
 layer, head, score = NAMED_HEADS["induction"]
 all_tokens = [model.decode([i]) for i in prompt_ids + g.tokens]
 for k, t in enumerate(g.traces[1:], start=1):

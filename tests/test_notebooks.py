@@ -58,8 +58,9 @@ def test_out_of_sync_is_detected(tmp_path):
     src = SOURCES[0]
     py, ipynb = tmp_path / src.name, tmp_path / src.with_suffix(".ipynb").name
     shutil.copy(src, py)
-    shutil.copy(src.with_suffix(".ipynb"), ipynb)
+    notebook.build(py, execute=False)    # the pair, cells only
     assert notebook.out_of_sync(py) is None
+    assert py.stat().st_mtime >= ipynb.stat().st_mtime   # jupytext in JupyterLab refuses an older .py
     check = [sys.executable, "-m", "workbench.notebook", "check", "--dir", str(tmp_path)]
     assert subprocess.run(check, capture_output=True, text=True).returncode == 0
 
@@ -145,3 +146,27 @@ def test_sanitizers_only_blank_what_varies():
     assert total > 5000 and kept / total > 0.9, (kept, total)
     nb02 = (NB_DIR / "02_weights.ipynb").read_text()
     assert "MISNAMED: model.layers.1.mlp.down_proj.weight is stored as model.layers.1.mlp.down_prj.weight" in nb02
+
+
+def test_planted_changes_only_the_copy(tmp_path):
+    """workbench.notebook.planted: notebook 04 and tests/test_hunt.py plant faults with it."""
+    import mlx.core as mx
+    import numpy as np
+
+    from workbench import zoo
+
+    src = zoo.build("gemma4_text", tmp_path / "src", dtype="float32")
+    before = (src / "model.safetensors").read_bytes()
+    key = "model.layers.0.mlp.down_proj.weight"
+
+    def poison(ts):
+        w = np.array(ts[key])
+        w[0, 0] = np.nan
+        ts[key] = mx.array(w)
+
+    dst = notebook.planted(src, tmp_path / "dst", poison)
+    assert (src / "model.safetensors").read_bytes() == before
+    assert np.isnan(np.array(mx.load(str(dst / "model.safetensors"))[key])[0, 0])
+    assert sorted(p.name for p in dst.iterdir()) == sorted(p.name for p in src.iterdir())
+    with pytest.raises(FileExistsError):
+        notebook.planted(src, dst, poison)
