@@ -15,6 +15,7 @@ import sys
 import warnings
 
 import workbench  # noqa: F401  (fast BLAS before mlx.core)
+from workbench.errors import UsageError, parse_ids  # noqa: F401  (re-exported: `from workbench.cli import UsageError`)
 
 #: command name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -26,27 +27,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "diff": ("workbench.diff.cli_diff", "compare an engine's activation dump with the reference: first divergence"),
     "hunt": ("workbench.trace.cli", "find the first op whose output holds NaN or Inf, and why (overflow, invalid, bad weight, bad input)"),
 }
-
-
-class UsageError(Exception):
-    """Unusable input: reported as one line on stderr, exit status 2."""
-
-
-def parse_ids(text: str) -> list[int]:
-    """``--ids 2,15,16`` -> [2, 15, 16]; anything else is a UsageError naming the bad part."""
-    parts = [p.strip() for p in text.replace(" ", ",").split(",") if p.strip()]
-    if not parts:
-        raise UsageError("--ids is empty: give comma-separated token ids, e.g. --ids 2,15,16")
-    out = []
-    for p in parts:
-        try:
-            v = int(p)
-        except ValueError:
-            raise UsageError(f"--ids: {p!r} is not an integer token id (expected comma-separated integers like 1,2,3)") from None
-        if v < 0:
-            raise UsageError(f"--ids: token id {v} is negative")
-        out.append(v)
-    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,5 +78,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from workbench.cli import main as _main  # the package module, so UsageError is the one commands raise
-    sys.exit(_main())
+    sys.exit(main())

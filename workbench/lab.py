@@ -91,7 +91,7 @@ def lab_env(token: str | None = None, base: dict | None = None) -> dict:
 
 def check_ip(ip: str) -> str:
     """``--ip``: an IPv4 / IPv6 address or ``localhost``; anything else is a UsageError."""
-    from workbench.cli import UsageError
+    from workbench.errors import UsageError
 
     if ip == "localhost":
         return ip
@@ -135,7 +135,7 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from workbench.cli import UsageError
+    from workbench.errors import UsageError
 
     root = Path(args.path).absolute() if args.path else NOTEBOOKS
     if not root.is_dir():
@@ -189,5 +189,5 @@ def shlex_quote(s: str) -> str:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    from workbench.cli import main
+    from workbench.errors import main
     sys.exit(main(["lab", *sys.argv[1:]]))

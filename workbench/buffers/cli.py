@@ -31,7 +31,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from workbench.cli import UsageError
+    from workbench.errors import UsageError
 
     t0 = time.perf_counter()
     try:

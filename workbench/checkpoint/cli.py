@@ -23,7 +23,7 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from workbench.cli import UsageError
+    from workbench.errors import UsageError
     from workbench.checkpoint.inspect import diff, inspect, render_diff
     from workbench.checkpoint.reader import CheckpointError
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import workbench  # noqa: F401  (fast BLAS before mlx.core)
 
-from workbench.cli import UsageError
+from workbench.errors import UsageError
 
 DEFAULT_PROMPT = "apple river stone cloud tree | apple"
 

@@ -17,7 +17,7 @@ import workbench  # noqa: F401  (fast BLAS before mlx.core)
 import mlx.core as mx
 import mlx.nn as nn
 
-from workbench.cli import UsageError
+from workbench.errors import UsageError
 from workbench.demo.tokenizer import EOS_ID
 
 

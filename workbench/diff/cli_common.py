@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import contextlib
 
-from workbench.cli import UsageError, parse_ids
+from workbench.errors import UsageError, parse_ids
 from workbench.diff.naming import RulesError
 from workbench.diff.readers import DumpError
 from workbench.diff.report import DiffError

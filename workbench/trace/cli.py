@@ -36,7 +36,7 @@ def _fmt(v) -> str:
 
 def run(args) -> int:
     import workbench
-    from workbench.cli import UsageError, parse_ids
+    from workbench.errors import UsageError, parse_ids
     from workbench.trace.hunt import hunt
     from workbench.trace.tracer import TraceError
 
