@@ -419,3 +419,227 @@ def test_tolerance_must_be_finite_numbers(bad):
     with pytest.raises(ValueError, match="max_nmse"):
         Tolerance.from_any({"max_nmse": bad})
     assert Tolerance(max_abs=None, mask_below=None).max_abs is None
+
+
+# ---------------------------------------------------------------- the shape of non-finite values
+
+def _where(eng, ref=None, tokens=None):
+    from workbench.diff.metrics import describe_nonfinite, nonfinite_where
+    ref = np.ones_like(eng) if ref is None else ref
+    w = nonfinite_where(ref, eng, tokens=tokens)
+    return w, describe_nonfinite(w)
+
+
+def _causal_scores(h=4, t=12):
+    """[1, H, T, T] scores with the causal mask filled with bfloat16's lowest, as engines write it."""
+    s = rng.normal(size=(1, h, t, t)).astype(np.float32)
+    s[:, :, np.triu_indices(t, 1)[0], np.triu_indices(t, 1)[1]] = -3.3895314e38
+    return s
+
+
+def test_whole_op_nonfinite_is_everywhere_not_hazards():
+    """An all-NaN op (a NaN weight or constant, or NaN inputs) is one block by extent, but it
+    says nothing about memory: named 'everywhere', no hazards pointer."""
+    w, line = _where(np.full((1, 6, 16), np.nan, np.float32), tokens=6)
+    assert w["pattern"] == "everywhere" and w["tile"] is False
+    assert "hazards" not in line and "inspect --values" in line and "everywhere" in line
+    # scores: NaN wherever a number belongs, the mask fill kept -> still everywhere
+    ref = _causal_scores()
+    eng = np.where(ref < -1e30, ref, np.nan).astype(np.float32)
+    w, line = _where(eng, ref, tokens=12)
+    assert w["pattern"] == "everywhere" and not w["tile"] and w["count"] == 4 * 78
+    # and through compare_arrays: the first divergence names it, with no hazards hint
+    r = _reference()
+    e = {k: v.copy() for k, v in r.items()}
+    e["layers.0.self_attn.q_proj"][:] = np.nan
+    fd = compare_arrays(r, e, tokens=T).first_divergence
+    assert fd.op == "layers.0.self_attn.q_proj" and fd.nonfinite["pattern"] == "everywhere"
+    assert not any("hazards" in x for x in fd.reasons)
+
+
+def test_same_channels_at_every_token_is_a_weight_row_not_hazards():
+    eng = np.ones((1, 6, 16), np.float32)
+    eng[..., 5] = np.nan  # one NaN weight row of a projection: its output channel, at every token
+    eng[..., 9:11] = np.inf
+    w, line = _where(eng, tokens=6)
+    assert w["pattern"] == "columns" and not w["tile"] and "hazards" not in line and "weight row" in line
+    # one head's whole (causal) score map: the same, with the mask left out
+    ref = _causal_scores()
+    eng = ref.copy()
+    eng[0, 2][ref[0, 2] > -1e30] = np.nan
+    w, _ = _where(eng, ref, tokens=12)
+    assert w["pattern"] == "columns" and not w["tile"]
+
+
+def test_scattered_elements_are_overflow_not_hazards():
+    eng = np.ones((1, 9, 16), np.float32)
+    for t, c in ((0, 1), (2, 9), (5, 3), (7, 14), (8, 6), (3, 11)):
+        eng[0, t, c] = np.inf
+    eng[0, 4:7, 2] = np.nan  # a few tokens of one outlier channel: still no two side by side
+    w, line = _where(eng, tokens=9)
+    assert w["pattern"] == "scattered" and not w["tile"] and "hazards" not in line and "overflow" in line
+    w, _ = _where(np.array([1.0, np.nan, 1.0, 1.0, np.nan], np.float32))  # two lone elements, 1-D
+    assert w["pattern"] == "scattered" and not w["tile"]
+
+
+def test_blocks_point_to_hazards():
+    eng = np.ones((1, 14, 128), np.float32)
+    eng[0, 7:] = np.nan  # the second half of a buffer never written: whole token rows
+    w, line = _where(eng, tokens=14)
+    assert w["pattern"] == "block" and w["tile"] and "workbench hazards" in line
+    eng = np.ones((1, 16, 64), np.float32)
+    eng[0, 2:5, 8:12] = np.nan
+    eng[0, 9:11, 40:50] = np.nan
+    w, line = _where(eng, tokens=16)
+    assert w["pattern"] == "block" and w["tile"] and "2 contiguous token x channel block(s)" in line
+
+
+def test_staircase_points_to_hazards():
+    """The keys eaten while the score kernel reads them (notebook 10): per (head, query) a
+    prefix of the keys, growing from query to query; the mask fill stays as it is."""
+    ref = _causal_scores()
+    eng = ref.copy()
+    for h in range(4):
+        for t in range(12):
+            n = min(t + 1, (t * (h + 1)) // 3)  # at most the t + 1 visible keys
+            eng[0, h, t, :n] = np.nan
+    eng[0, 1, 5, 0] = np.inf  # an infinity among them is still non-finite
+    w, line = _where(eng, ref, tokens=12)
+    assert w["pattern"] == "staircase" and w["tile"]
+    assert "leading channels that grows" in line and "workbench hazards" in line
+    # shrinking trailing runs in a plain [T, D] activation
+    eng = np.ones((1, 8, 32), np.float32)
+    for t in range(8):
+        eng[0, t, 32 - (16 - 2 * t):] = np.nan
+    w, line = _where(eng, tokens=8)
+    assert w["pattern"] == "staircase" and "trailing channels that shrinks" in line
+    # prefixes that go up and down are no staircase (and not a few blocks either)
+    eng = np.ones((1, 8, 32), np.float32)
+    for t, n in enumerate((2, 9, 3, 12, 4, 7, 2, 10)):
+        eng[0, t, :n] = np.nan
+    w, _ = _where(eng, tokens=8)
+    assert w["pattern"] not in ("staircase", "block")
+
+
+def test_power_of_two_tiles_point_to_hazards():
+    eng = np.ones((1, 32, 64), np.float32)
+    for r0, c0 in ((0, 8), (8, 40), (16, 0), (16, 56), (24, 24), (8, 16)):
+        eng[0, r0:r0 + 8, c0:c0 + 8] = np.nan  # six 8 x 8 tiles of a tiled kernel
+    w, line = _where(eng, tokens=32)
+    assert w["pattern"] == "tiles" and w["tile"] and "8 x 8 tiles" in line and "workbench hazards" in line
+    # the same number of rectangles off any power-of-two grid: irregular, no pointer
+    eng = np.ones((1, 32, 64), np.float32)
+    for r0, c0 in ((0, 3), (5, 40), (13, 1), (17, 51), (24, 22), (9, 17)):
+        eng[0, r0:r0 + 3, c0:c0 + 5] = np.nan
+    w, line = _where(eng, tokens=32)
+    assert w["pattern"] == "irregular" and not w["tile"] and "hazards" not in line
+
+
+def test_nonfinite_pattern_in_json_and_text():
+    r = _reference()
+    e = {k: v.copy() for k, v in r.items()}
+    e["layers.0"][0, 1:3, 4:8] = np.nan
+    rep = compare_arrays(r, e, tokens=T)
+    d = json.loads(json.dumps(rep.to_dict(), allow_nan=False))
+    nf = d["first_divergence"]["nonfinite"]
+    assert nf["pattern"] == "block" and nf["tile"] is True and "hazards" in nf["pattern_text"]
+    assert "where: 8 non-finite element(s)" in rep.summary() and "; block: " in rep.summary()
+
+
+# ---------------------------------------------------------------- huge finite values
+
+def test_values_near_float32_max_give_finite_metrics_and_no_warning():
+    import warnings
+
+    top = np.finfo(np.float32).max
+    ref = np.array([3.0e38, -3.2e38, 1.0, 2.0, top, 5.0], np.float32)
+    eng = np.array([3.0e38, -3.2e38, 1.0, 2.5, top, -3.3e38], np.float32)  # a sign flipped at the end
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a RuntimeWarning (overflow, invalid) fails the test
+        same = error_metrics(ref, ref.copy(), mask_below=None)
+        m = error_metrics(ref, eng, mask_below=None)
+    assert same["cosine"] == 1.0 and same["nmse"] == 0.0 and same["max_abs"] == 0.0 and same["max_rel"] == 0.0
+    assert m["nonfinite"] == 0 and m["finite"] is None
+    for k in ("cosine", "nmse", "max_abs", "max_rel", "nmse_power"):
+        assert np.isfinite(m[k]), k
+    r64, e64 = ref.astype(np.float64), eng.astype(np.float64)
+    cos = r64 @ e64 / np.linalg.norm(r64) / np.linalg.norm(e64)
+    assert m["cosine"] == pytest.approx(cos, rel=1e-12)
+    assert m["nmse"] == pytest.approx(np.mean((e64 - r64) ** 2) / np.var(r64), rel=1e-12)
+    assert m["max_abs"] == pytest.approx(3.3e38 + 5.0, rel=1e-6)
+
+
+def test_probabilities_times_mask_fill_diverge_with_finite_metrics():
+    """A stale read of scores as values (notebook 10, exercise 3): finite numbers near -3.4e38
+    where the reference is O(1); the op diverges on its metrics, every one a number."""
+    import warnings
+
+    r = _reference()
+    e = {k: v.copy() for k, v in r.items()}
+    e["layers.0"][0, 2:, :] = rng.uniform(0, 1, size=(T - 2, H * D)).astype(np.float32) * np.float32(-3.3895314e38)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rep = compare_arrays(r, e, tokens=T)
+        text = rep.summary()
+    fd = rep.first_divergence
+    assert fd.op == "layers.0" and fd.nonfinite is None
+    assert np.isfinite(fd.cosine) and abs(fd.cosine) < 0.5 and np.isfinite(fd.nmse) and fd.nmse > 1e70
+    assert any(x.startswith("cosine") for x in fd.reasons) and "nan" not in text.split("\n")[0]
+    assert np.isfinite(fd.position_error).all()
+
+
+# ---------------------------------------------------------------- --map rules, end to end
+
+MAP_RULES = [[r"^blk\.(\d+)\.out$", "layers.$1"], [r"^tok_embd$", "embed_tokens"], [r"^out_norm$", "norm"]]
+
+
+def _mapped_pair():
+    ref = {n: rng.normal(size=(1, T, 12)).astype(np.float32) for n in ("embed_tokens", "layers.0", "layers.1", "norm")}
+    eng = {"tok_embd": ref["embed_tokens"], "blk.0.out": ref["layers.0"], "blk.1.out": ref["layers.1"] * -1.0,
+           "out_norm": ref["norm"]}
+    return ref, eng
+
+
+def test_compare_arrays_takes_rules_in_every_form():
+    import re
+
+    from workbench.patterns import UserRegex
+    ref, eng = _mapped_pair()
+    compiled = compile_rules(MAP_RULES)
+    assert all(isinstance(rx, UserRegex) for rx, _ in compiled)  # the time-bounded form naming makes
+    forms = {"pairs": MAP_RULES, "compiled": compiled, "compiled as lists": [list(x) for x in compiled],
+             "an iterator": iter(MAP_RULES), "a generator of compiled": (x for x in compiled),
+             "re.Pattern": [(re.compile(p.replace("$1", "")), rep) for p, rep in MAP_RULES]}
+    forms["re.Pattern"][0] = (re.compile(r"^blk\.(\d+)\.out$"), r"layers.\1")
+    for what, rules in forms.items():
+        r = compare_arrays(ref, eng, rules=rules)
+        assert r.compared == 4 and not r.unmatched_engine, what
+        assert r.first_divergence.op == "layers.1" and r.renamed["blk.1.out"] == "layers.1", what
+    with pytest.raises(RulesError, match="rule 0: a compiled regex with flags"):
+        compare_arrays(ref, eng, rules=[(re.compile("^BLK", re.I), "x")])
+    with pytest.raises(RulesError, match="pair of strings"):
+        compare_arrays(ref, eng, rules=[[1, "x"]])
+
+
+def test_diff_map_rules_file_end_to_end(tmp_path, capsys):
+    from workbench.cli import main
+    from workbench.diff import compare
+    ref, eng = _mapped_pair()
+    write_dump(tmp_path / "ref.safetensors", ref, list(ref), {"workbench.ids": json.dumps(list(range(1, T + 1)))})
+    np.savez(tmp_path / "eng.npz", **eng)
+    rules = tmp_path / "rules.json"
+    rules.write_text(json.dumps(MAP_RULES))
+    report = compare(tmp_path / "ref.safetensors", tmp_path / "eng.npz", rules=rules)
+    assert report.compared == 4 and report.first_divergence.op == "layers.1" and not report.unmatched_engine
+    assert compare(tmp_path / "ref.safetensors", tmp_path / "eng.npz", rules=MAP_RULES).compared == 4
+    rc = main(["diff", str(tmp_path / "ref.safetensors"), str(tmp_path / "eng.npz"), "--map", str(rules), "--json"])
+    captured = capsys.readouterr()
+    d = json.loads(captured.out)
+    assert rc == 1 and captured.err == ""
+    assert d["compared"] == 4 and d["first_divergence"]["op"] == "layers.1" and d["unmatched_engine"] == []
+    assert d["renamed"] == {"tok_embd": "embed_tokens", "blk.0.out": "layers.0", "blk.1.out": "layers.1",
+                            "out_norm": "norm"}
+    # without the rules nothing maps: one line, exit 2, naming the fix
+    rc = main(["diff", str(tmp_path / "ref.safetensors"), str(tmp_path / "eng.npz")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--map" in err and len(err.strip().splitlines()) == 1

@@ -86,7 +86,7 @@ def test_diff_names_the_scores_with_their_nan(demo, files):
     assert nf["axis"] == "token" and nf["rows"] == [[0, 13]]
     # channel = head x 14 + key: keys 0-5 of head 0, 0-12 of head 1, 0-3 of head 2, 0-10 of head 3
     assert nf["channels"] == [[0, 5], [14, 26], [28, 31], [42, 52]] and nf["n_channels"] == 34
-    assert nf["tile"] is False
+    assert nf["pattern"] == "staircase" and nf["tile"] is True   # memory-shaped: points to hazards
     assert np.isnan(fd.cosine) and fd.finite["cosine"] == 1.0 and fd.finite["nmse"] == 0.0
     assert fd.local_diverged and "is computed differently" in report.verdict()
     by = {o.op: o.status for o in report.ops}

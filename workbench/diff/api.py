@@ -12,9 +12,9 @@ import numpy as np
 from workbench.diff import readers
 from workbench.dtypes import dtype_name, parse_dtype
 from workbench.diff.metrics import Tolerance, error_metrics, local_diverged
-from workbench.diff.naming import Rules, compile_rules, load_rules
+from workbench.diff.naming import Rules, load_rules
 from workbench.diff.naming import apply_rules
-from workbench.diff.report import DiffError, DiffReport, compare_arrays, match_names, to_numpy
+from workbench.diff.report import DiffError, DiffReport, as_rules, compare_arrays, match_names, to_numpy
 from workbench.diff.weights import compare_weights, is_checkpoint_tensor
 
 
@@ -228,7 +228,7 @@ def _rules(rules: Any) -> Rules:
         return []
     if isinstance(rules, (str, os.PathLike)):
         return load_rules(rules)
-    return compile_rules(rules)
+    return as_rules(rules)  # pairs of strings, compiled rules, re.Pattern pairs
 
 
 def _dtype_name(d) -> str | None:

@@ -1,7 +1,8 @@
 """Error metrics between a reference activation and an engine's, and the tolerance.
 
-All metrics are computed over float32 inputs (sums through BLAS dots, converted to
-float64; ``1 - cosine`` from ``|engine - ref|^2`` so it stays accurate near 1), on the elements finite in both
+All metrics are computed from float32 inputs with float64 sums (chunk by chunk, so
+values near float32's largest, such as mask fill, never overflow them; ``1 - cosine``
+from ``|engine - ref|^2`` so it stays accurate near 1), on the elements finite in both
 tensors; non-finite elements are counted separately (NaN, +Inf, -Inf, per element,
 never through a sum):
 
@@ -151,44 +152,61 @@ def error_metrics(ref: np.ndarray, eng: np.ndarray, mask_below: float | None = -
     return out
 
 
+#: elements per chunk converted to float64 at a time (bounded memory on large activations)
+_CHUNK = 1 << 20
+
+
+def _chunks(*arrays: np.ndarray):
+    """Aligned float64 chunks of flat float32 arrays."""
+    n = arrays[0].size
+    for i in range(0, n, _CHUNK):
+        yield tuple(a[i:i + _CHUNK].astype(np.float64) for a in arrays)
+
+
 def _finite_metrics(r: np.ndarray, e: np.ndarray) -> dict[str, float]:
-    """cosine, nmse, max_abs, max_rel, nmse_power of two flat float32 arrays, all finite."""
+    """cosine, nmse, max_abs, max_rel, nmse_power of two flat float32 arrays, all finite.
+
+    Sums run in float64, chunk by chunk: a float32 value squares to at most ~1.2e77, so no
+    sum of finite inputs overflows (mask fill near float32's largest included) and every
+    metric of finite inputs is a finite number, 0 or +inf (a zero reference's nmse)."""
     nan = float("nan")
-    if r.size == 0:
-        return {"cosine": nan, "nmse": nan, "max_abs": nan, "max_rel": nan, "nmse_power": nan}
-    # float32 BLAS dots (fast), and 1 - cosine from |d|^2 so that it stays accurate near 1
-    r = np.ascontiguousarray(r)
-    e = np.ascontiguousarray(e)
-    d = e - r
     n = r.size
-    srr, see, sdd = float(np.dot(r, r)), float(np.dot(e, e)), float(np.dot(d, d))
-    nr, ne = np.sqrt(srr), np.sqrt(see)
+    if n == 0:
+        return {"cosine": nan, "nmse": nan, "max_abs": nan, "max_rel": nan, "nmse_power": nan}
+    srr = see = sdd = sre = sr = 0.0
+    max_abs = 0.0
+    for rc, ec in _chunks(r, e):
+        d = ec - rc
+        srr += float(np.dot(rc, rc))
+        see += float(np.dot(ec, ec))
+        sdd += float(np.dot(d, d))
+        sre += float(np.dot(rc, ec))
+        sr += float(rc.sum())
+        max_abs = max(max_abs, float(np.abs(d).max()))
+    nr, ne = math.sqrt(srr), math.sqrt(see)
     if srr == 0 and see == 0:
         cos = 1.0
     elif srr == 0 or see == 0:
         cos = 0.0
     else:
-        cos = float(np.clip(1.0 - (sdd - (nr - ne) ** 2) / (2.0 * nr * ne), -1.0, 1.0))
+        cos = sre / (nr * ne)
+        if cos > 0.5 and max(nr, ne) < 1e3 * min(nr, ne):  # 1 - cosine from |d|^2: accurate near 1
+            cos = 1.0 - (sdd - (nr - ne) ** 2) / (2.0 * nr * ne)  # (its cancellation grows with nr/ne)
+        cos = float(np.clip(cos, -1.0, 1.0))
     mse = sdd / n
-    mean_r = float(r.mean(dtype=np.float64))
+    mean_r = sr / n
     var = srr / n - mean_r * mean_r
     if mean_r * mean_r > 0.5 * srr / n:  # a large mean: subtract it first (no cancellation)
-        c = r - np.float32(mean_r)
-        var = float(np.dot(c, c)) / n
+        var = sum(float(np.dot(rc - mean_r, rc - mean_r)) for (rc,) in _chunks(r)) / n
     nmse_power = mse / (srr / n) if srr > 0 else (0.0 if mse == 0 else float("inf"))
     if mse == 0.0:
         nmse = 0.0
     else:
         denom = var if var > 1e-12 * (srr / n) else srr / n
         nmse = mse / denom if denom > 0 else float("inf")
-    np.abs(d, out=d)
-    max_abs = float(d.max())
-    floor = 1e-3 * float(np.sqrt(srr / n))
+    floor = 1e-3 * math.sqrt(srr / n)
     if floor > 0:
-        den = np.abs(r)
-        np.maximum(den, np.float32(floor), out=den)
-        np.divide(d, den, out=d)
-        max_rel = float(d.max())
+        max_rel = max(float((np.abs(ec - rc) / np.maximum(np.abs(rc), floor)).max()) for rc, ec in _chunks(r, e))
     else:  # an all-zero reference
         max_rel = 0.0 if max_abs == 0 else float("inf")
     return {"cosine": cos, "nmse": nmse, "max_abs": max_abs, "max_rel": max_rel, "nmse_power": nmse_power}
@@ -321,24 +339,111 @@ def _runs(idx: np.ndarray) -> list[list[int]]:
     return [[int(a), int(b)] for a, b in zip(starts, ends)]
 
 
-def _tile_shaped(bad: np.ndarray, max_blocks: int = 4) -> bool:
-    """A union of a few contiguous token x channel blocks (what an aliased buffer leaves):
-    at most ``max_blocks`` distinct row patterns, each a few channel runs, each on a few
-    runs of rows; at least two elements."""
+#: patterns of non-finite elements that point to memory (a buffer read before it was written,
+#: or overwritten while still read): the diff then points to ``workbench hazards``
+MEMORY_PATTERNS = ("block", "staircase", "tiles")
+_MAX_RECTS = 4096  # beyond this many rectangles a pattern is "irregular" (bounded work)
+
+
+def _rectangles(bad: np.ndarray, limit: int) -> list[tuple[int, int, int, int]] | None:
+    """``bad`` (rows x channels) as maximal rectangles ``(row0, row1, ch0, ch1)`` (inclusive):
+    runs of consecutive rows with the same pattern x that pattern's channel runs.  None
+    past ``limit`` rectangles."""
     rows = np.nonzero(bad.any(axis=1))[0]
-    if int(np.count_nonzero(bad)) < 2:
-        return False
-    patterns: dict[bytes, list[int]] = {}
-    for i in rows:
-        patterns.setdefault(np.packbits(bad[i]).tobytes(), []).append(int(i))
-        if len(patterns) > max_blocks:
-            return False
-    for members in patterns.values():
-        if len(_runs(np.asarray(members))) > max_blocks:
-            return False
-        if len(_runs(np.nonzero(bad[members[0]])[0])) > max_blocks:
-            return False
-    return True
+    if rows.size == 0:
+        return []
+    change = np.ones(rows.size, bool)  # a row starts a group unless it follows an identical row
+    change[1:] = (np.diff(rows) != 1) | (bad[rows[1:]] != bad[rows[:-1]]).any(axis=1)
+    starts = np.nonzero(change)[0]
+    ends = np.concatenate((starts[1:], [rows.size])) - 1
+    rects: list[tuple[int, int, int, int]] = []
+    for a, b in zip(starts, ends):
+        for c0, c1 in _runs(np.nonzero(bad[rows[a]])[0]):
+            rects.append((int(rows[a]), int(rows[b]), c0, c1))
+            if len(rects) > limit:
+                return None
+    return rects
+
+
+def _pow2_step(values) -> int:
+    """The largest power of two dividing every value (0 divides by anything)."""
+    g = 0
+    for v in values:
+        g = math.gcd(g, int(v))
+    return g & -g if g else 1 << 30
+
+
+def _staircase(bad: np.ndarray, valid: np.ndarray) -> str | None:
+    """``bad`` / ``valid`` as [slabs, tokens, channels] (slabs: e.g. heads).  A staircase: in
+    every row the bad elements are the first (or last) n of its valid ones, and n never
+    decreases (or never increases) from token to token within each slab, taking at least
+    two non-zero values.  Returns the phrase for it, or None."""
+    if bad.ndim != 3 or bad.shape[1] < 2:
+        return None
+    n = bad.sum(axis=-1)
+    for lead, flip in (("leading", False), ("trailing", True)):
+        b, v = (bad[..., ::-1], valid[..., ::-1]) if flip else (bad, valid)
+        if not np.array_equal(b, v & (np.cumsum(v, axis=-1) <= n[..., None])):
+            continue
+        steps = np.diff(n, axis=1)
+        if len(np.unique(n[n > 0])) < 2:
+            return None
+        for way, ok in (("grows", (steps >= 0).all()), ("shrinks", (steps <= 0).all())):
+            if ok:
+                return (f"per token a run of {lead} channels that {way} from token to token "
+                        "(an input overwritten while the kernel still reads it)")
+    return None
+
+
+def _classify(grid: np.ndarray, valid: np.ndarray, stair: np.ndarray | None,
+              stair_valid: np.ndarray | None) -> tuple[str, str]:
+    """Name the shape of the non-finite elements of one op, and say what it points to.
+
+    ``grid`` / ``valid``: bad / not-mask-fill as rows (tokens) x channels; ``stair`` /
+    ``stair_valid``: the same as [slabs, tokens, last axis] (None without a second axis).
+
+    * ``everywhere``: every element (mask fill aside): the op's weights, constants or inputs;
+    * ``columns``: the same channels at every token: a per-channel cause (a weight row, a scale);
+    * ``scattered``: most bad elements have no bad neighbour in their row: overflow;
+    * ``staircase``: per token a growing (or shrinking) run of leading (or trailing) channels;
+    * ``block``: at most 4 rectangles of rows x channel runs;
+    * ``tiles``: rectangles aligned to a power-of-two grid (at least 2 rows x 4 channels);
+    * ``irregular``: none of these.
+
+    block, staircase and tiles are what memory leaves (:data:`MEMORY_PATTERNS`).
+    """
+    count = int(np.count_nonzero(grid))
+    if count == int(np.count_nonzero(valid)):
+        return "everywhere", ("every element: not a memory pattern; look at this op's weights and constants "
+                              "(`workbench inspect --values`, and the engine's copy of them) and at its inputs")
+    cols = grid.any(axis=0)
+    if grid.shape[0] >= 2 and np.array_equal(grid, valid & cols[None, :]):
+        return "columns", ("the same channels at every token: a per-channel cause, such as a weight row, scale "
+                           "or bias of this op (`workbench inspect --values`, and the engine's copy of the weights)")
+    side = np.zeros_like(grid)
+    pair = grid[:, 1:] & grid[:, :-1]
+    side[:, 1:] |= pair
+    side[:, :-1] |= pair
+    if int(np.count_nonzero(side)) * 2 < count:
+        return "scattered", ("isolated elements, no two side by side: overflow of large values (the inputs' "
+                             "magnitudes, the compute dtype's range), not a memory pattern")
+    hazards = ": check the engine's dispatch schedule with `workbench hazards SCHEDULE.json`"
+    if stair is not None:
+        phrase = _staircase(stair, stair_valid)
+        if phrase:
+            return "staircase", phrase + hazards
+    rects = _rectangles(grid, _MAX_RECTS)
+    if rects is not None and len(rects) <= 4:
+        return "block", (f"{len(rects)} contiguous token x channel block(s), what a buffer read before it was "
+                         "written (or overwritten while read) leaves" + hazards)
+    if rects is not None:
+        tw = _pow2_step(v for r0, r1, c0, c1 in rects for v in (c0, c1 + 1))
+        th = _pow2_step(v for r0, r1, c0, c1 in rects for v in (r0, r1 + 1))
+        if tw >= 4 and th >= 2:
+            return "tiles", (f"{len(rects)} rectangles on a grid of {min(th, grid.shape[0])} x "
+                             f"{min(tw, grid.shape[1])} tiles, what a tiled kernel writing over memory still "
+                             "read leaves" + hazards)
+    return "irregular", "no simple shape"
 
 
 def nonfinite_where(ref: np.ndarray, eng: np.ndarray, tokens: int | None = None,
@@ -350,9 +455,12 @@ def nonfinite_where(ref: np.ndarray, eng: np.ndarray, tokens: int | None = None,
     ``h * D + d`` for heads-first ``[1, H, T, D]``), otherwise the leading axes
     flattened (``axis: "row"``) with the last axis as channels.  Returns None when every
     element is finite, else ``{count, engine, reference, axis, rows, channels, n_rows,
-    n_channels, per_row, tile}``: ``rows`` / ``channels`` are inclusive ``[first, last]``
-    runs (at most :data:`MAX_RUNS` listed), ``per_row`` the count per row (token
-    axis only), ``tile`` whether they form a few contiguous blocks (buffer aliasing).
+    n_channels, per_row, pattern, pattern_text, tile}``: ``rows`` / ``channels`` are
+    inclusive ``[first, last]`` runs (at most :data:`MAX_RUNS` listed), ``per_row`` the
+    count per row (token axis only), ``pattern`` the shape's name (see :func:`_classify`:
+    everywhere, columns, scattered, staircase, block, tiles, irregular), ``pattern_text``
+    what it points to, ``tile`` whether the pattern is one memory leaves (block,
+    staircase, tiles: check ``workbench hazards``).
     """
     r = np.asarray(ref, np.float32)
     e = np.asarray(eng, np.float32)
@@ -360,13 +468,24 @@ def nonfinite_where(ref: np.ndarray, eng: np.ndarray, tokens: int | None = None,
     count = int(np.count_nonzero(bad))
     if count == 0:
         return None
+    valid = np.ones(bad.shape, bool)
+    if mask_below is not None:
+        valid &= ~((r <= mask_below) & (e <= mask_below))
     ax = token_axis(tuple(r.shape), tokens) if tokens else None
     if ax is not None:
         grid = np.moveaxis(bad, ax, 0).reshape(tokens, -1)
+        vgrid = np.moveaxis(valid, ax, 0).reshape(tokens, -1)
     elif r.ndim >= 1 and r.size:
-        grid = bad.reshape(-1, r.shape[-1])
+        grid, vgrid = bad.reshape(-1, r.shape[-1]), valid.reshape(-1, r.shape[-1])
     else:
-        grid = bad.reshape(1, -1)
+        grid, vgrid = bad.reshape(1, -1), valid.reshape(1, -1)
+    stair = stair_valid = None
+    sax = ax if ax is not None else (r.ndim - 2 if r.ndim >= 2 else None)
+    if sax is not None:
+        t = r.shape[sax]
+        stair = np.moveaxis(bad, sax, -2).reshape(-1, t, r.shape[-1])
+        stair_valid = np.moveaxis(valid, sax, -2).reshape(-1, t, r.shape[-1])
+    pattern, text = _classify(grid, vgrid, stair, stair_valid)
     rows = _runs(np.nonzero(grid.any(axis=1))[0])
     chans = _runs(np.nonzero(grid.any(axis=0))[0])
     return {
@@ -378,16 +497,13 @@ def nonfinite_where(ref: np.ndarray, eng: np.ndarray, tokens: int | None = None,
         "n_rows": int(grid.any(axis=1).sum()), "n_channels": int(grid.any(axis=0).sum()),
         "rows_total": int(grid.shape[0]), "channels_total": int(grid.shape[1]),
         "per_row": grid.sum(axis=1).astype(int).tolist() if ax is not None else None,
-        "tile": _tile_shaped(grid),
+        "pattern": pattern, "pattern_text": text, "tile": pattern in MEMORY_PATTERNS,
     }
 
 
-HAZARDS_HINT = ("contiguous token x channel block(s), the pattern an aliased buffer (or a read of memory nothing "
-                "wrote) leaves: check the engine's dispatch schedule with `workbench hazards SCHEDULE.json`")
-
-
 def describe_nonfinite(w: dict[str, Any]) -> str:
-    """One line: how many non-finite elements, on which side, at which tokens x channels."""
+    """One line: how many non-finite elements, on which side, at which tokens x channels, in
+    which pattern, and what that points to (``workbench hazards`` for the patterns memory leaves)."""
     def runs(rs, n, total):
         txt = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in rs)
         return txt + (", ..." if n > sum(b - a + 1 for a, b in rs) else "") + f" ({n} of {total})"
@@ -397,9 +513,7 @@ def describe_nonfinite(w: dict[str, Any]) -> str:
     line = (f"{w['count']} non-finite element(s) ({', '.join(sides)}) at {rows} "
             f"{runs(w['rows'], w['n_rows'], w['rows_total'])} x channels "
             f"{runs(w['channels'], w['n_channels'], w['channels_total'])}")
-    if w["tile"]:
-        line += "; " + HAZARDS_HINT
-    return line
+    return line + f"; {w['pattern']}: {w['pattern_text']}"
 
 
 def position_pattern(profile) -> str | None:

@@ -17,8 +17,9 @@ import numpy as np
 from workbench.diff.layout import LayoutError, reconcile
 from workbench.diff.metrics import (Tolerance, describe_nonfinite, diverged, error_metrics, noise_limits,
                                     nonfinite_where, position_pattern, position_profile)
-from workbench.diff.naming import Rules, apply_rules, compile_rules
+from workbench.diff.naming import Rules, RulesError, apply_rules, compile_rules
 from workbench.models.base import layer_of  # op names: layers.{i}[.…] -> i
+from workbench.patterns import UserRegex
 
 
 class DiffError(ValueError):
@@ -373,6 +374,30 @@ def match_names(engine_names: Iterable[str], ours: Sequence[str], rules: Rules) 
     return matched, unmatched, renamed
 
 
+def as_rules(rules: Any) -> Rules:
+    """Rules in any form a caller may hold, as naming.compile_rules makes them (every regex a
+    time-bounded UserRegex): ``[regex, replacement]`` string pairs are compiled; pairs
+    compiled already (as tuples or lists) are kept; a ``re.Pattern`` without flags is
+    recompiled from its text (a pattern with flags is refused: write them inline, ``(?i)``)."""
+    if rules is None:
+        return []
+    if isinstance(rules, (str, bytes)) or not hasattr(rules, "__iter__"):
+        return compile_rules(rules)  # names what is wrong
+    out = []
+    for i, rule in enumerate(rules):  # one pass: an iterator's first rule is not lost
+        if isinstance(rule, (list, tuple)) and len(rule) == 2:
+            rx, rep = rule
+            if isinstance(rx, UserRegex):
+                rule = (rx, rep)
+            elif isinstance(rx, re.Pattern):
+                if rx.flags & ~re.UNICODE:
+                    raise RulesError(f"rules: rule {i}: a compiled regex with flags; pass its text with inline "
+                                     f"flags, e.g. '(?i){rx.pattern}'")
+                rule = [rx.pattern, rep]
+        out.append(rule)
+    return compile_rules(out)
+
+
 def compare_arrays(reference: Mapping[str, Any], engine: Mapping[str, Any], order: Sequence[str] | None = None,
                    rules: Rules | Iterable[Sequence[str]] | None = None, tolerance: Tolerance | dict | None = None,
                    inputs: Mapping[str, Sequence[str]] | None = None, noise: Mapping[str, Any] | None = None,
@@ -396,9 +421,7 @@ def compare_arrays(reference: Mapping[str, Any], engine: Mapping[str, Any], orde
     ``tokens``: the number of input tokens, to profile the error per token position.
     """
     tol = Tolerance.from_any(tolerance)
-    if rules and not isinstance(next(iter(rules))[0], re.Pattern):
-        rules = compile_rules(rules)
-    rules = list(rules or [])
+    rules = as_rules(rules)
     order = list(order) if order is not None else list(reference)
     if not engine:
         raise DiffError("the engine dump holds no tensors")
