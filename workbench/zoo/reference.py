@@ -133,7 +133,7 @@ def write(dest, config: dict, *, quant=None, seed: int = 0, dtype=None, tokenize
     fsio.write_with(dest / "model.safetensors", lambda p: mx.save_safetensors(p, weights, metadata={"format": "mlx"}))
     fsio.write_text(dest / "config.json", json.dumps(config, indent=1))
     if tokenizer:
-        from workbench.zoo import write_tokenizer
+        from workbench.zoo.writer import write_tokenizer
 
         tc = config.get("text_config", config)
         write_tokenizer(dest, tc["vocab_size"])
