@@ -83,13 +83,13 @@ class _Ctx:
         self.problems: list[Problem] = list(ck.problems)
         # how this checkpoint spells LM names: canonical -> stored prefix
         pre = Counter()
-        for cn, ti in ck._canon.items():
+        for cn, ti in ck.canonical.items():
             if ti.source_name.endswith(cn):
                 pre[ti.source_name[: len(ti.source_name) - len(cn)]] += 1
         self.prefix = pre.most_common(1)[0][0] if pre else ("model." if ck.config else "")
 
     def stored(self, canon: str) -> str:
-        ti = self.ck._canon.get(canon)
+        ti = self.ck.canonical.get(canon)
         if ti is not None:
             return ti.source_name
         if canon.startswith("lm_head"):
@@ -121,11 +121,11 @@ def _check_arch(cx: _Ctx, report: Report):
             cx.add("bad-config", "warning" if unsupported else "error", err + ("" if unsupported else
                    "; completeness not checked"), file="config.json")
         return None
-    present = {n: ck._canon[n] for n in ck.lm_names()}
+    present = {n: ck.canonical[n] for n in ck.lm_names()}
     exp = a.expected
     modules = a.modules()
     # tensors of unreadable / missing shards are not "missing": their files are reported
-    unknown_files = {f for f, sf in ck.sfiles.items() if not sf.readable} | set(getattr(ck, "_missing_shards", {}))
+    unknown_files = {f for f, sf in ck.sfiles.items() if not sf.readable} | set(ck.missing_shards)
     covered = set()
     if ck.index:
         for n, f in ck.index["weight_map"].items():
@@ -455,18 +455,18 @@ def _scan_values(cx: _Ctx, report: Report, progress, chunk_bytes):
     ck = cx.ck
     # quantized weights: source name -> (spec, scales info, biases info)
     qinfo = {}
-    for cn, ti in ck._canon.items():
+    for cn, ti in ck.canonical.items():
         if cn.endswith(".weight") and ti.dtype == "U32" and ti.part is None:
             mod = cn[: -len(".weight")]
-            sc = ck._canon.get(mod + ".scales")
+            sc = ck.canonical.get(mod + ".scales")
             if sc is None:
                 continue
             spec = ck.quant_of(mod)
             if spec is None:
                 continue
-            if mod + ".global_scale" in ck._canon:
+            if mod + ".global_scale" in ck.canonical:
                 continue  # per-expert tensor scale on top: raw values scanned (noted)
-            bi = ck._canon.get(mod + ".biases") if spec.mode == "affine" else None
+            bi = ck.canonical.get(mod + ".biases") if spec.mode == "affine" else None
             if spec.mode == "affine" and (bi is None or sc.dtype not in _FLOATS or bi.dtype not in _FLOATS):
                 continue  # cannot be dequantized as stored (reported by the checks): raw values scanned
             if sc.source_name in ck.sfiles[sc.file].truncated or (bi and bi.source_name in ck.sfiles[bi.file].truncated):
@@ -690,7 +690,7 @@ def inspect(path, values: bool = False, *, tensors: bool = False, progress=None,
     report.list_tensors = bool(tensors)
     if values or tensors:
         canon_of = {}
-        for cn, ti in ck._canon.items():
+        for cn, ti in ck.canonical.items():
             canon_of.setdefault(ti.source_name, []).append(cn)
         for name in ck.source_names():
             ti = ck.tensors[name]

@@ -14,8 +14,10 @@ from __future__ import annotations
 import json
 import os
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 from workbench.checkpoint import names as N
 from workbench.checkpoint.arch import Arch, ConfigError, build_arch, family_of, text_config
@@ -83,6 +85,7 @@ class Checkpoint:
         self.files: list[str] = []
         self.sfiles: dict[str, SafetensorsFile] = {}
         self._mx_cache: dict[str, dict] = {}
+        self._missing_shards: dict[str, list[str]] = {}
         if not os.path.lexists(p):
             raise CheckpointError(f"{p}: no such file or directory")
         try:
@@ -296,9 +299,8 @@ class Checkpoint:
         if self.index is None:
             return
         wm = self.index["weight_map"]
-        missing_shards = getattr(self, "_missing_shards", {})
         for name, f in wm.items():
-            if f in missing_shards:
+            if f in self._missing_shards:
                 continue
             sf = self.sfiles.get(f)
             if sf is None or not sf.readable:
@@ -373,6 +375,18 @@ class Checkpoint:
         return max(ls) + 1 if ls else 0
 
     # ---------------------------------------------------------------- access
+    @property
+    def canonical(self) -> Mapping[str, TensorInfo]:
+        """Canonical language-model name -> TensorInfo (read-only; fused Hugging Face experts
+        appear as their halves, each with its ``part``)."""
+        return MappingProxyType(self._canon)
+
+    @property
+    def missing_shards(self) -> Mapping[str, list[str]]:
+        """Shard files named in the index that are absent (or directories) -> the tensor names
+        the index maps to them (read-only; empty without an index)."""
+        return MappingProxyType(self._missing_shards)
+
     def lm_names(self) -> list[str]:
         """Sorted canonical language-model tensor names (prefix-stripped, MLX style)."""
         return sorted(n for n in self._canon if not N.is_ignored(n))
