@@ -17,8 +17,9 @@ DEFAULT_PROMPT = "apple river stone cloud tree | apple"
 
 
 def add_arguments(p):
-    p.add_argument("--model", choices=("demo", "4bit", "moe"), default="demo",
-                   help="which demo checkpoint (default: demo, the trained bfloat16 model)")
+    p.add_argument("--model", choices=("demo", "4bit", "moe", "experts", "kv"), default="demo",
+                   help="which demo checkpoint (default: demo, the trained bfloat16 model; experts: MoE with "
+                        "task-specialised experts; kv: KV-shared layers, 8-token window)")
     p.add_argument("--path", type=Path, default=None, help="a checkpoint directory to use instead")
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help=f"text to complete (default: {DEFAULT_PROMPT!r})")
     p.add_argument("--max-tokens", type=int, default=12)
@@ -34,14 +35,13 @@ def run(args) -> int:
     from workbench.demo import paths
     from workbench.demo.loading import load_demo
 
-    path = args.path or {"demo": paths.DEMO, "4bit": paths.DEMO_4BIT, "moe": paths.DEMO_MOE}[args.model]
+    path = args.path or paths.VARIANTS[args.model]
     if args.max_tokens < 0:
         raise UsageError("--max-tokens must be >= 0")
     demo = load_demo(path, dtype=args.dtype)  # raises UsageError naming the missing/broken file
     out: dict = {"path": str(path), "files": {f.name: f.stat().st_size for f in sorted(Path(path).iterdir())},
                  "model_type": demo.config.get("model_type"), "loader": demo.loader,
-                 "variants": {k: str(v) for k, v in (("demo", paths.DEMO), ("4bit", paths.DEMO_4BIT),
-                                                     ("moe", paths.DEMO_MOE))}}
+                 "variants": {k: str(v) for k, v in paths.VARIANTS.items()}}
     status = 0
     if not (args.eval or args.heads):
         ids = demo.tokenizer.encode(args.prompt).ids

@@ -9,3 +9,8 @@ ASSETS = Path(os.environ.get("WORKBENCH_ASSETS") or Path(__file__).resolve().par
 DEMO = ASSETS / "demo"
 DEMO_4BIT = ASSETS / "demo-4bit"
 DEMO_MOE = ASSETS / "demo-moe"
+DEMO_EXPERTS = ASSETS / "demo-experts"
+DEMO_KV = ASSETS / "demo-kv"
+
+#: the demo checkpoints by name (``workbench demo --model NAME``)
+VARIANTS = {"demo": DEMO, "4bit": DEMO_4BIT, "moe": DEMO_MOE, "experts": DEMO_EXPERTS, "kv": DEMO_KV}
