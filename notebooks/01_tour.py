@@ -30,6 +30,8 @@
 # | 06 engine diff | the first op where your engine departs from the reference |
 # | 07 mixture of experts | the router, top-k experts, expert load |
 # | 08 generation | the KV (key/value) cache, token by token |
+# | 09 bring your own model | any mlx-lm architecture, and Gemma 4's vision and audio towers |
+# | 10 engine NaN playbook | "my engine gives NaN": from the checkpoint to the faulty buffer |
 #
 # ## The demo model
 #
@@ -171,5 +173,8 @@ print(hunt(model, prompt, dtype="float16"))
 # %% [markdown]
 # ## Next
 #
-# Open **03 stepping through a forward pass** to learn what each op does, or jump to the
-# topic you need. Every notebook runs top to bottom in a minute or two on a laptop CPU.
+# Learning how a transformer computes? Open **03 stepping through a forward pass** next,
+# then 08 (generation), 07 (mixture of experts) and 04 (NaN hunt). Porting a model to your
+# own engine? Go to **10**, the playbook for an engine that gives NaN, and from there to
+# 02, 04, 05 and 06 as you need them. Every notebook runs top to bottom in a minute or two
+# on a laptop CPU.
