@@ -29,6 +29,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from workbench.dtypes import dtype_name
 from workbench.trace import stats as _stats
 
 CAUSES = ("injected", "nonfinite-input", "nonfinite-weight", "overflow", "invalid")
@@ -99,7 +100,7 @@ def _quant_nan(name: str, x: mx.array, mode: str | None) -> int:
 def _tensor_info(name: str, x: mx.array, compute_max: float | None, mode: str | None = None) -> dict:
     nan, pinf, ninf = _stats.nonfinite_counts(x)
     nan += _quant_nan(name, x, mode)
-    info = {"name": name, "dtype": str(x.dtype).replace("mlx.core.", ""), "shape": list(x.shape),
+    info = {"name": name, "dtype": dtype_name(x.dtype), "shape": list(x.shape),
             "nan": nan, "posinf": pinf, "neginf": ninf}
     if mx.issubdtype(x.dtype, mx.floating):
         am = _absmax(x)
@@ -134,7 +135,7 @@ def diagnose(trace, step) -> Finding:
     op = trace.program.ops[i]
     st = step.stats
     dmax = _stats.dtype_max(trace.dtype) if trace.dtype is not None else None
-    dname = str(trace.dtype).replace("mlx.core.", "") if trace.dtype is not None else step.dtype
+    dname = dtype_name(trace.dtype) if trace.dtype is not None else step.dtype
 
     inputs = [_tensor_info(n, v, None) for n, v in trace.inputs(op.name)]
     for d in inputs:
@@ -238,9 +239,7 @@ def hunt(model, ids_or_text, dtype=None, **trace_kwargs) -> HuntResult:
     ``report`` is ``{"first_nonfinite": {op, layer, cause, nan, posinf, neginf, ...} | None,
     "ops_checked": int}``.
     """
-    from workbench.trace.tracer import trace as _trace
-
-    t = _trace(model, ids_or_text, capture="stats", dtype=dtype, **trace_kwargs)
+    t = model.trace(ids_or_text, capture="stats", dtype=dtype, **trace_kwargs)
     found = t.first_nonfinite()
     report = {"first_nonfinite": found.to_dict() if found else None, "ops_checked": t.position}
     return HuntResult(report, found, t)
