@@ -19,7 +19,6 @@ import argparse
 import os
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -116,16 +115,8 @@ def build(py, execute: bool = True, timeout: int = 900):
             if errors:
                 raise RuntimeError(f"{py.name}: cell {i} raised {errors[0]['ename']}: {errors[0]['evalue']}")
             c.metadata.pop("execution", None)   # timestamps: keep the committed file stable
-    ipynb = py.with_suffix(".ipynb")
-    fd, tmp = tempfile.mkstemp(prefix=f".{ipynb.name}.", dir=str(py.parent))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            nbformat.write(nb, f)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, ipynb)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with fsio.atomic_write(py.with_suffix(".ipynb"), "w") as f:   # exclusive temporary, renamed
+        nbformat.write(nb, f)
     # jupytext (in JupyterLab) refuses a pair whose .ipynb is newer than its .py
     os.utime(py)
     return nb
