@@ -117,7 +117,7 @@ def build(py, execute: bool = True, timeout: int = 900):
             c.metadata.pop("execution", None)   # timestamps: keep the committed file stable
     with fsio.atomic_write(py.with_suffix(".ipynb"), "w") as f:   # exclusive temporary, renamed
         nbformat.write(nb, f)
-    # jupytext (in JupyterLab) refuses a pair whose .ipynb is newer than its .py
+    # jupytext (in JupyterLab) warns about a .ipynb newer than its .py, and refuses one that differs
     os.utime(py)
     return nb
 
