@@ -1,19 +1,32 @@
-"""Greedy generation with the KV cache, one :class:`Trace` per forward.
+"""Generation with the KV cache, one :class:`Trace` per forward; greedy or sampled.
 
     g = workbench.generate(model, "the cat", max_tokens=8, capture="stats")
+    g = workbench.generate(model, "the cat", max_tokens=8, temperature=0.8, top_p=0.9, seed=1)
     g.tokens            # generated ids (list; a list per sequence for a batch)
     g.text              # decoded (when the checkpoint has a tokenizer)
     g.traces[0]         # the prompt's forward (prefill); g.traces[k] made token k+1
     g.stats("logits")   # the op's stats in every forward
     g.first_nonfinite() # (forward index, Finding) of the first non-finite op, or None
 
-Token ``k`` (0-based) is the argmax of ``g.traces[k].logits`` at the last position;
+Token ``k`` (0-based) is drawn from ``g.traces[k].logits`` at the last position;
 ``g.traces[k]`` for k >= 1 ran on token ``k-1`` alone, reading the cache.  Captured
 values of every forward share one memory budget (and spill directory).
+
+Sampling is mlx-lm's (``mlx_lm.sample_utils.make_sampler``), step for step: log
+probabilities ``logits - logsumexp(logits)`` in the logits' dtype, then top-p, then
+top-k, then ``mx.random.categorical(logprobs * (1 / temperature))``; temperature 0 is the
+argmax.  The random keys are those of MLX's global generator after ``mx.random.seed(seed)``
+(one split per token), drawn from a key of our own, so the same seed gives the same
+tokens as ``mx.random.seed(seed)`` followed by mlx-lm's ``generate_step``, and the global
+generator is left alone.  ``seed=None`` draws from (and advances) the global generator,
+as mlx-lm does.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from functools import partial
+from numbers import Integral, Real
 from typing import Any
 
 import mlx.core as mx
@@ -29,6 +42,7 @@ class Generation:
     generated: list  # [B][n] ints
     traces: list = field(repr=False)
     batched: bool = False
+    sampling: dict = field(default_factory=dict)  # temperature, top_p, top_k, seed
 
     @property
     def tokens(self):
@@ -60,16 +74,100 @@ class Generation:
         return f"<Generation {len(self.generated[0])} tokens x {len(self.generated)} sequence(s), {len(self.traces)} forwards>"
 
 
+# --------------------------------------------------------------------------- sampling (mlx-lm's)
+
+def check_sampling(temperature=0.0, top_p=1.0, top_k=0, seed=None) -> dict:
+    """The sampling settings, checked: one ValueError naming the bad argument."""
+    def real(name, v):
+        if isinstance(v, bool) or not isinstance(v, Real) or not math.isfinite(float(v)):
+            raise ValueError(f"{name} must be a finite number, not {v!r}")
+        return float(v)
+
+    temperature = real("temperature", temperature)
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), not {temperature!r}")
+    top_p = real("top_p", top_p)
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1] (1 = off), not {top_p!r}")
+    if isinstance(top_k, bool) or not isinstance(top_k, Integral) or top_k < 0:
+        raise ValueError(f"top_k must be an integer >= 0 (0 = off), not {top_k!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, Integral) or not 0 <= seed < 2**64):
+        raise ValueError(f"seed must be an integer in [0, 2**64) or None, not {seed!r}")
+    return {"temperature": temperature, "top_p": top_p, "top_k": int(top_k),
+            "seed": None if seed is None else int(seed)}
+
+
+@mx.compile
+def _top_p(logprobs: mx.array, top_p: float) -> mx.array:
+    # mlx_lm.sample_utils.apply_top_p
+    sorted_logprobs = mx.sort(logprobs, axis=-1)
+    sorted_probs = mx.exp(sorted_logprobs.astype(mx.float32))
+    mass_above = mx.cumsum(sorted_probs, axis=-1, reverse=True, inclusive=False)
+    total_mass = mass_above[..., :1] + sorted_probs[..., :1]
+    num_dropped = (mass_above >= top_p * total_mass).sum(axis=-1, keepdims=True)
+    threshold = mx.take_along_axis(sorted_logprobs, num_dropped, axis=-1)
+    return mx.where(logprobs < threshold, -float("inf"), logprobs)
+
+
+@mx.compile
+def _top_k(logprobs: mx.array, top_k: int) -> mx.array:
+    # mlx_lm.sample_utils.apply_top_k
+    mask_idx = mx.argpartition(-logprobs, kth=top_k - 1, axis=-1)[..., top_k:]
+    return mx.put_along_axis(logprobs, mask_idx, mx.array(-float("inf"), logprobs.dtype), axis=-1)
+
+
+@mx.compile
+def _categorical(logprobs: mx.array, temp: float, key: mx.array) -> mx.array:
+    # mlx_lm.sample_utils.categorical_sampling, with an explicit key
+    return mx.random.categorical(logprobs * (1.0 / temp), key=key)
+
+
+@partial(mx.compile, inputs=mx.random.state, outputs=mx.random.state)
+def _categorical_global(logprobs: mx.array, temp: float) -> mx.array:
+    return mx.random.categorical(logprobs * (1.0 / temp))
+
+
+class Sampler:
+    """Next tokens [B] (lazy) from last-position logits [B, vocab], mlx-lm's way."""
+
+    def __init__(self, temperature=0.0, top_p=1.0, top_k=0, seed=None):
+        s = check_sampling(temperature, top_p, top_k, seed)
+        self.temperature, self.top_p, self.top_k, self.seed = s["temperature"], s["top_p"], s["top_k"], s["seed"]
+        self._key = None if self.seed is None else mx.random.key(self.seed)
+
+    def __call__(self, logits: mx.array) -> mx.array:
+        # mlx-lm: logits - logsumexp(logits, keepdims=True) over its one sequence
+        lse = mx.logsumexp(logits, keepdims=True) if logits.shape[0] == 1 else \
+            mx.logsumexp(logits, axis=-1, keepdims=True)
+        logprobs = logits - lse
+        if self.temperature == 0:
+            return mx.argmax(logprobs, axis=-1)
+        if 0 < self.top_p < 1.0:
+            logprobs = _top_p(logprobs, self.top_p)
+        if 0 < self.top_k < logprobs.shape[-1]:
+            logprobs = _top_k(logprobs, self.top_k)
+        if self._key is None:
+            return _categorical_global(logprobs, self.temperature)
+        self._key, sub = mx.random.split(self._key)  # as MLX's global generator does per draw
+        return _categorical(logprobs, self.temperature, sub)
+
+
+# --------------------------------------------------------------------------- the decode loop
+
 def generate(model, prompt, max_tokens: int = 16, capture="stats", dtype=None, *, interventions=None,
              stop: list[int] | None = None, memory_budget: int | None = None, spill_dir: str | None = None,
-             pad_id: int | None = None) -> Generation:
-    """Greedy decoding with the model's KV cache; every forward is a captured :class:`Trace`.
+             pad_id: int | None = None, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+             seed: int | None = None) -> Generation:
+    """Decode with the model's KV cache; every forward is a captured :class:`Trace`.
 
     ``prompt``: text, token ids, or a batch of either (left padded).  ``stop``: token ids
-    ending a (single-sequence) generation early.
+    ending a (single-sequence) generation early.  ``temperature`` 0 (the default) is greedy;
+    above 0 tokens are sampled (``top_p`` in (0, 1], ``top_k`` >= 0, 0 = off) with the
+    random keys of ``seed`` (see the module docstring: the same tokens as mlx-lm's).
     """
-    if max_tokens < 1:
-        raise ValueError("max_tokens must be at least 1")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, Integral) or max_tokens < 1:
+        raise ValueError(f"max_tokens must be an integer >= 1, not {max_tokens!r}")
+    sampler = Sampler(temperature, top_p, top_k, seed)
     ids, mask, batched = prepare_ids(model, prompt, pad_id)
     cache = model.make_cache()
     store = ValueStore(memory_budget, spill_dir)
@@ -81,19 +179,23 @@ def generate(model, prompt, max_tokens: int = 16, capture="stats", dtype=None, *
     out: list[list[int]] = [[] for _ in range(B)]
     stops = set(stop or [])
     for n in range(max_tokens):
-        t.run()
+        # one mx.eval of the forward; its statistics are reduced on the statistics thread
+        # while the next forward computes (read through the trace, they wait for it)
+        t.run(wait=False)
         if not t.done:
             raise TraceError(f"forward {n} stopped at {t.steps[-1].name!r} before the logits")
-        nxt = mx.argmax(t.logits[:, -1, :], axis=-1)
-        toks = [int(v) for v in nxt.tolist()]
+        nxt = sampler(t.logits[:, -1, :])
+        toks = nxt.tolist()
         for b in range(B):
             out[b].append(toks[b])
         if n == max_tokens - 1 or (B == 1 and toks[0] in stops):
             break
-        t = _trace(model, mx.array([[v] for v in toks], dtype=mx.int32), cache=cache,
-                   key_prefix=f"{n + 1}/", **kw)
+        t = _trace(model, nxt.astype(mx.int32)[:, None], cache=cache, key_prefix=f"{n + 1}/", **kw)
         t.batched = True
         traces.append(t)
     for tr in traces:
+        tr.steps  # noqa: B018  (statistics still computing: wait for them)
         tr.batched = batched
-    return Generation(model, ids, out, traces, batched)
+    return Generation(model, ids, out, traces, batched,
+                      {"temperature": sampler.temperature, "top_p": sampler.top_p, "top_k": sampler.top_k,
+                       "seed": sampler.seed})

@@ -373,10 +373,12 @@ class Trace:
             mx.eval(self._env[step.name])
         return step
 
-    def run(self, until: str | None = None) -> Step | None:
+    def run(self, until: str | None = None, *, wait: bool = True) -> Step | None:
         """Run to the end, or through the op named ``until``, stopping early at a breakpoint.
 
         Returns the :class:`Step` it stopped at (the last one run), or None if nothing ran.
+        ``wait=False``: the values are evaluated, but the last batch's statistics may still be
+        computing in the background (the steps get them when next read through the trace).
         """
         n = len(self._ops)
         end = n
@@ -419,7 +421,7 @@ class Trace:
                 return name_stop
         if self.done and not evaluated:
             self._flush(also=[self._env[self._last_name]])
-        self._flush(wait=True)
+        self._flush(wait=wait)
         return last
 
     def _rewind(self, snap, start: int, hit: int) -> None:
@@ -483,7 +485,7 @@ class Trace:
         idx = self._check_name(name)
         if idx >= self.position:
             raise KeyError(f"op {name!r} has not run yet (it is op {idx}; the trace is at {self.position})")
-        self._flush(wait=True)
+        self._flush()  # evaluated and stored; statistics still computing need no wait
         key = self._prefix + name
         if key in self._store:
             return self._store.get(key)

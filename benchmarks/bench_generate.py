@@ -1,0 +1,118 @@
+"""Generation tokens/s: mlx-lm's ``generate_step`` vs ``workbench.generate`` (stats / no capture).
+
+    python benchmarks/bench_generate.py [--tokens 64] [--prompt 16] [--reps 5] [--clock cpu]
+                                        [--which op,module] [--temperature 0] [--top-p 1]
+
+Two ~45M-parameter checkpoints: the Gemma-4-shaped op-program model of
+benchmarks/bench_forward.py (8 layers, d=512, vocab 8192, PLE, KV sharing) and a phi3
+(module level: mlx-lm's own classes recorded module by module, workbench.zoo.reference).
+For each, interleaved in one run (median of reps), every variant generating ``--tokens``
+tokens after the same ``--prompt``-token prompt, prefill included:
+
+* mlx-lm: ``generate_step`` (its sampler from ``make_sampler``, its own KV cache);
+* ``workbench.generate(..., capture="stats")``: statistics of every op of every forward;
+* ``workbench.generate(..., capture=None)``: the trace without capture.
+
+Prints tokens/s and each variant's tokens/s as a fraction of mlx-lm's (issue 11.5 target:
+stats >= 0.85), and checks that every variant produced the same tokens.  ``--clock cpu``
+times this process's CPU time (all threads: steadier on a shared machine, and it counts
+the background statistics thread in full, so it is pessimistic for stats).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import workbench  # noqa: F401  (fast BLAS before mlx.core)
+import mlx.core as mx
+
+PHI3 = dict(model_type="phi3", hidden_size=512, num_hidden_layers=8, intermediate_size=2048,
+            num_attention_heads=8, num_key_value_heads=8, vocab_size=12000, rms_norm_eps=1e-5,
+            rope_theta=10000.0, max_position_embeddings=4096, tie_word_embeddings=False)
+
+
+def build(kind: str, dest: Path) -> Path:
+    if kind == "op":
+        from bench_forward import SHAPE  # the same Gemma-4 shape as the forward benchmark
+        from workbench import zoo
+        return zoo.build("gemma4_text", dest, dtype="float32", tokenizer=False, **SHAPE)
+    from workbench.zoo import reference as zr
+    return zr.write(dest, PHI3)
+
+
+def bench(path: Path, kind: str, tokens: int, prompt_len: int, reps: int, clock, sampling: dict):
+    from mlx.utils import tree_flatten
+    from mlx_lm.generate import generate_step
+    from mlx_lm.sample_utils import make_sampler
+    from mlx_lm.utils import load_model
+
+    ref, _ = load_model(path)
+    model = workbench.load(path, granularity="module") if kind == "module" else workbench.load(path)
+    nparams = sum(v.size for _, v in tree_flatten(ref.parameters()))
+    vocab = model.vocab_size
+    prompt = [(7 * i + 3) % vocab for i in range(prompt_len)]
+    seed = 7
+    out: dict[str, list[int]] = {}
+
+    def theirs():
+        mx.random.seed(seed)
+        sampler = make_sampler(sampling["temperature"], top_p=sampling["top_p"], top_k=sampling["top_k"])
+        toks = [t for t, _ in generate_step(mx.array(prompt), ref, max_tokens=tokens, sampler=sampler)]
+        out["mlx-lm"] = toks
+
+    def ours(capture):
+        def f():
+            g = workbench.generate(model, prompt, max_tokens=tokens, capture=capture, seed=seed, **sampling)
+            out[f"capture={capture}"] = g.tokens
+        return f
+
+    variants = {"mlx-lm": theirs, "capture=stats": ours("stats"), "capture=None": ours(None)}
+    for f in variants.values():  # warm up (weights paged in, kernels compiled)
+        f()
+    times = {k: [] for k in variants}
+    for _ in range(reps):
+        for k, f in variants.items():
+            t0 = clock()
+            f()
+            times[k].append(clock() - t0)
+    same = {k: v == out["mlx-lm"] for k, v in out.items()}
+    return nparams, {k: (statistics.median(v), min(v)) for k, v in times.items()}, same
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--prompt", type=int, default=16)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--which", default="op,module", help="comma list of: op (gemma4_text), module (phi3)")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--clock", default="wall", choices=["wall", "cpu"],
+                   help="wall: elapsed time (default); cpu: this process's CPU time, all threads")
+    a = p.parse_args(argv)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    clock = time.perf_counter if a.clock == "wall" else time.process_time
+    sampling = dict(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k)
+    for kind in a.which.split(","):
+        name = {"op": "gemma4_text (op program)", "module": "phi3 (module level)"}[kind]
+        with tempfile.TemporaryDirectory() as d:
+            path = build(kind, Path(d) / kind)
+            n, med, same = bench(path, kind, a.tokens, a.prompt, a.reps, clock, sampling)
+        print(f"{name}: {n / 1e6:.1f}M params, {a.prompt}-token prompt + {a.tokens} generated, {sampling}, "
+              f"device {mx.default_device()}, median of {a.reps}, {a.clock} clock")
+        ref, ref_min = med["mlx-lm"]
+        for k, (v, vmin) in med.items():
+            ratio = "" if k == "mlx-lm" else (f"   {ref / v:.3f} of mlx-lm's tokens/s (of best times "
+                                              f"{ref_min / vmin:.3f}){'; target >= 0.85' if k == 'capture=stats' else ''}")
+            print(f"  {k:14s} {v * 1e3:8.1f} ms  {a.tokens / v:8.1f} tok/s{ratio}"
+                  f"{'' if same[k] else '   TOKENS DIFFER from mlx-lm'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
