@@ -197,6 +197,13 @@ print(len(run.outputs), "engine tensors, e.g.", list(run.outputs)[20:23])
 #   scores have shape `[1, heads, query token, key token]`; the diff takes the query token
 #   as the token axis, and channel = head × 14 + key position. So: keys 0–5 for head 0,
 #   keys 0–12 for head 1, 0–3 for head 2, 0–10 for head 3.
+# * **the pattern, `staircase`:** per query token (and head) the bad values are a run of
+#   *leading* keys that never shrinks from one token to the next. The diff names the shape
+#   of the bad values and says what it points to: a `staircase`, a `block` of tokens ×
+#   channels or aligned `tiles` are what memory leaves, and get a pointer to
+#   `workbench hazards` (the `tile` flag in the JSON); `everywhere` (every element),
+#   `columns` (the same channels at every token: a weight row) and `scattered` (lone
+#   elements: overflow) do not.
 # * **its inputs** `q_rope` (the queries after RoPE, the rotary position embedding) and
 #   `k_cache` (the keys) were fine when the engine dumped them, and the verdict says so:
 #   fed the engine's own inputs, our op does not reproduce its output — look at this op.
@@ -209,7 +216,8 @@ ref = dump(model, ids=ids)            # `workbench dump` in Python (in memory; o
 report = compare(ref, engine_dump)    # `workbench diff`: a dump path, a Reference, or the checkpoint + ids
 fd = report.first_divergence
 print(fd.op, "| non-finite:", fd.nonfinite["count"], fd.nonfinite_engine, "| tokens", fd.nonfinite["rows"],
-      "x channels", fd.nonfinite["channels"], "| block-shaped (tile):", fd.nonfinite["tile"])
+      "x channels", fd.nonfinite["channels"], "| pattern:", fd.nonfinite["pattern"],
+      "| points to hazards (tile):", fd.nonfinite["tile"])
 print(report.verdict())
 
 # %% [markdown]
@@ -232,18 +240,18 @@ fig.suptitle("layer 0 attention scores: NaN or ±inf (black), masked (grey), fin
 fig.tight_layout()
 
 # %% [markdown]
-# In every row the bad values sit at the **leading keys**, and there are more of them the
-# later the row is computed (rows run top to bottom, head after head): query 1 of head 0
-# has key 0 bad, query 13 keys 0–5; head 1, computed after head 0, is worse. The keys are being
-# eaten front to back *while the kernel runs* — yet the keys the engine dumped right after
-# writing them are correct, and every score that is a number is exact. Arithmetic does not
-# look like that; something overwrote the keys' bytes while the score kernel was still
-# reading them. That is a memory question, and the next tool answers memory questions.
+# The staircase the diff named: in every row the bad values sit at the **leading keys**,
+# and there are more of them the later the row is computed (rows run top to bottom, head
+# after head): query 1 of head 0 has key 0 bad, query 13 keys 0–5; head 1, computed after
+# head 0, is worse. The keys are being eaten front to back *while the kernel runs* — yet
+# the keys the engine dumped right after writing them are correct, and every score that is
+# a number is exact. Arithmetic does not look like that; something overwrote the keys'
+# bytes while the score kernel was still reading them. That is a memory question, and the
+# diff's pointer leads to the tool that answers memory questions.
 #
-# (The diff adds a pointer to `workbench hazards` by itself when the bad values form a few
-# contiguous token × channel blocks — its `tile` flag — the print a buffer read before it
-# was written leaves; exercise 2 shows one. This staircase is not block-shaped, so here it
-# is our reading that leads to step 4.)
+# (Had the whole tensor been NaN, the diff would have said `everywhere` and sent you to the
+# op's weights and inputs first: a NaN in a weight reaches every output element of many
+# ops, so the shape alone would prove nothing about memory.)
 #
 # ## 4 · Which dispatch, which buffer, which bytes? `workbench hazards`
 #
@@ -336,8 +344,8 @@ print("first divergence:", fixed_report.first_divergence, "| hazards:", analyze(
 # context (`self_attn.context`) before the dispatch computing it has landed. Hint: layer 3
 # is Gemma 4's full-attention layer, with heads of 64 dimensions instead of 32, so its
 # context is twice as wide as layers 0–2's, which used the same reused buffer. Predict:
-# which tokens of `layers.3.self_attn.o_proj` come out NaN, does the diff call the pattern
-# block-shaped, and which hazard kind does the analyzer report?
+# which tokens of `layers.3.self_attn.o_proj` come out NaN, which pattern does the diff
+# name, and which hazard kind does the analyzer report?
 #
 # **3.** Put layer 0's scores over the *values* (`like="layers.0.self_attn.v_cache"`): the
 # score kernel does not read V, but the next-but-one dispatch does. Predict: which op is the
@@ -372,32 +380,33 @@ from workbench.diff import compare_arrays
 late = emu.run(plan, mode="concurrent", skip_barriers=["layers.3.self_attn.o_proj"])
 late_report = compare_arrays(late.reference, late.outputs, order=model.program.names, tokens=len(ids))
 late_fd = late_report.first_divergence
-print(late_fd.op, "| where:", late_fd.reasons[-1])
+print(late_fd.op, "| pattern:", late_fd.nonfinite["pattern"], "| where:", late_fd.reasons[-1])
 for hz in late.hazards:
     print(hz.kind, "at event", hz.event, late.schedule.events[hz.event].name, "buffer", hz.buffer, hz.range)
-assert late_fd.nonfinite["rows"] == [[7, 13]] and late_fd.nonfinite["tile"]
+assert late_fd.nonfinite["rows"] == [[7, 13]] and late_fd.nonfinite["pattern"] == "block" and late_fd.nonfinite["tile"]
 
 # %% [markdown]
 # *Solution 2.* Tokens 7–13, all 128 channels: NaN; tokens 0–6 finite but wrong. Layer 3's
 # context is 14 tokens × 256 values; when `o_proj` reads the buffer early, its first half
 # still holds layer 2's context (14 × 128 values: stale, but numbers) and its second half
 # has never been written (`0xFF`: NaN), which is exactly query rows 7–13 of a 14 × 256
-# matrix. A block of whole token rows: the diff's `tile` flag is set and its line ends
+# matrix. A `block` of whole token rows: the diff's `tile` flag is set and its line ends
 # with the pointer to `workbench hazards`, which reports a `raw` (read-after-write in one
 # concurrent region) at `o_proj`'s dispatch on buffer `self_attn.context`. The fix here is
 # the barrier, not a buffer. Only Gemma 4's wider full-attention layer shows it as NaN: on
 # sliding layers 1 or 2 the same missing barrier reads the previous layer's context, whole
-# — wrong numbers, no NaN (layer 0 would read a buffer never written at all: NaN
-# everywhere).
+# — wrong numbers, no NaN (layer 0 would read a buffer never written at all: NaN in every
+# element, which the diff calls `everywhere` — a shape that cannot tell memory from a bad
+# weight, so there the schedule is the one to ask).
 
 # %% tags=["solution"]
 # solution to 3: the scores are right; V is overwritten before the context reads it
 v_run = emu.run(plan.place("layers.0.self_attn.scores", like="layers.0.self_attn.v_cache"))
-with np.errstate(over="ignore", invalid="ignore"):   # values near float32's largest: squares overflow
-    v_report = compare_arrays(v_run.reference, v_run.outputs, order=model.program.names, tokens=len(ids))
+v_report = compare_arrays(v_run.reference, v_run.outputs, order=model.program.names, tokens=len(ids))
 v_fd = v_report.first_divergence
 first_nan = next(o.op for o in v_report.ops if o.nonfinite)
-print("first divergence:", v_fd.op, "| non-finite there:", v_fd.nonfinite is not None, "| first NaN:", first_nan)
+print("first divergence:", v_fd.op, "| non-finite there:", v_fd.nonfinite is not None,
+      f"| cosine {v_fd.cosine:.3f}, nmse {v_fd.nmse:.2g}, max abs {v_fd.max_abs:.3g}", "| first NaN:", first_nan)
 for hz in v_run.hazards:
     print(hz.kind, "at event", hz.event, v_run.schedule.events[hz.event].name,
           "| earlier event", hz.other, v_run.schedule.events[hz.other].name)
@@ -405,9 +414,9 @@ assert v_fd.op == "layers.0.self_attn.context" and v_run.hazards[0].kind == "sta
 
 # %% [markdown]
 # *Solution 3.* The first divergence is `layers.0.self_attn.context` — huge but finite
-# values (a probability times −3.39·10³⁸; their squares overflow the diff's float32 sums,
-# so its cosine reads nan while its NMSE, ∞, flags the op) — and the first NaN comes one
-# op later, in `o_proj`, where such values of both signs meet in a sum. The analyzer reports a
+# values (a probability times −3.39·10³⁸; the diff sums in float64, so its metrics stay
+# numbers: cosine ≈ 0.03, NMSE ≈ 5·10⁷⁶) — and the first NaN comes one op later, in
+# `o_proj`, where such values of both signs meet in a float32 sum. The analyzer reports a
 # `stale-read` at the *reader*, the context dispatch (event 24): it expected the bytes of
 # `v_cache` and found those of the scores, written by the earlier event 22. The dispatch at
 # fault is the writer; the one named first is where the damage is read.
@@ -419,9 +428,10 @@ assert v_fd.op == "layers.0.self_attn.context" and v_run.hazards[0].kind == "sta
 #   in the engine.
 # * Dump the engine's tensors right after each dispatch, `dump` the reference once, and let
 #   `diff` name the first divergence. NaN is a finding in every metric; the `where` line
-#   says which tokens × channels hold it, and its shape is evidence: inputs fine, the
-#   finite part exact, NaN spreading through the keys as the kernel advances → memory, not
-#   arithmetic.
+#   says which tokens × channels hold it and names its shape, which is evidence: inputs
+#   fine, the finite part exact, a staircase of NaN spreading through the keys as the
+#   kernel advances → memory, not arithmetic (the diff then points to `hazards`; NaN
+#   `everywhere` points to weights and inputs first).
 # * Record the schedule your engine encodes; `hazards` names the dispatch, the buffer and
 #   the bytes. A kernel's output must never land on bytes one of its inputs occupies
 #   (unless it is element-wise and declared in-place), and a value must not be overwritten

@@ -402,7 +402,8 @@ def _classify(grid: np.ndarray, valid: np.ndarray, stair: np.ndarray | None,
     ``grid`` / ``valid``: bad / not-mask-fill as rows (tokens) x channels; ``stair`` /
     ``stair_valid``: the same as [slabs, tokens, last axis] (None without a second axis).
 
-    * ``everywhere``: every element (mask fill aside): the op's weights, constants or inputs;
+    * ``everywhere``: every element (mask fill aside): no clue in the shape; the op's weights,
+      constants or inputs first (not the hazards pointer);
     * ``columns``: the same channels at every token: a per-channel cause (a weight row, a scale);
     * ``scattered``: most bad elements have no bad neighbour in their row: overflow;
     * ``staircase``: per token a growing (or shrinking) run of leading (or trailing) channels;
@@ -414,8 +415,9 @@ def _classify(grid: np.ndarray, valid: np.ndarray, stair: np.ndarray | None,
     """
     count = int(np.count_nonzero(grid))
     if count == int(np.count_nonzero(valid)):
-        return "everywhere", ("every element: not a memory pattern; look at this op's weights and constants "
-                              "(`workbench inspect --values`, and the engine's copy of them) and at its inputs")
+        return "everywhere", ("every element, a shape that carries no clue: check this op's weights and constants "
+                              "(`workbench inspect --values`, and the engine's copy of them) and its inputs first "
+                              "(a buffer never written before the read looks the same)")
     cols = grid.any(axis=0)
     if grid.shape[0] >= 2 and np.array_equal(grid, valid & cols[None, :]):
         return "columns", ("the same channels at every token: a per-channel cause, such as a weight row, scale "

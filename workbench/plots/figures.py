@@ -501,8 +501,8 @@ def position_error_map(report: Any, tokens: Sequence[str] | None = None, title: 
         if fd is not None:
             nfd = getattr(fd, "nonfinite", None)
             if nfd is not None:
-                pat = f"{nfd['count']} non-finite values" + (" in token x channel blocks (run `workbench hazards`)"
-                                                              if nfd["tile"] else "")
+                pat = (f"{nfd['count']} non-finite values, {nfd.get('pattern', 'irregular')}"
+                       + (" (run `workbench hazards`)" if nfd["tile"] else ""))
             title += "\n" + textwrap.fill(f"first divergence {fd.op}" + (f": {pat}" if pat else ""), 90)
     ax.set_title(title, fontsize=10)
     return fig
