@@ -56,7 +56,7 @@ print(len(ids), "tokens:", ids)
 #
 # Gemma's MLP uses GELU as its gate activation; Llama's uses SiLU. Porting from a Llama engine,
 # it is easy to keep SiLU. The two functions look alike — GELU(x) = x·Φ(x) with Φ the normal
-# distribution's CDF (Gemma uses a tanh approximation), SiLU(x) = x·sigmoid(x); both ≈ x for
+# distribution's cumulative distribution function (Gemma uses a tanh approximation), SiLU(x) = x·sigmoid(x); both ≈ x for
 # large x, ≈ 0 for very negative x — so the model still produces *plausible* output. Since
 # the model is a program —
 # a list of ops — our "engine" is that list with the activation op replaced, run in bfloat16
