@@ -31,7 +31,7 @@ import mlx.core as mx
 
 from workbench.checkpoint.arch import KEYS, ConfigError, build_arch
 from workbench.cli import main
-from workbench.models.base import CheckpointMismatch
+from workbench.models.model import CheckpointMismatch
 
 DATA = Path(__file__).parent / "data" / "configs"
 _spec = importlib.util.spec_from_file_location("make_config_refs", DATA.parent / "make_config_refs.py")

@@ -117,6 +117,16 @@ class Program:
         return "\n".join(op.describe() for op in self.ops)
 
 
+def layer_of(name: str) -> int | None:
+    """The layer an op name belongs to: ``layers.3.mlp`` -> 3 (``layers.3#2``, a module's
+    second call, too); None for ops outside the layers (``embed_tokens``, ``logits``)."""
+    if name.startswith("layers."):
+        part = name.split(".")[1].split("#")[0]
+        if part.isdigit():
+            return int(part)
+    return None
+
+
 def name_matches(name: str, pattern: str) -> bool:
     """Glob match (``*`` does not stop at dots); ``re:...`` for a regular expression (run
     under a time limit: :mod:`workbench.patterns`)."""

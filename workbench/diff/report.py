@@ -18,7 +18,7 @@ from workbench.diff.layout import LayoutError, reconcile
 from workbench.diff.metrics import (Tolerance, describe_nonfinite, diverged, error_metrics, noise_limits,
                                     nonfinite_where, position_pattern, position_profile)
 from workbench.diff.naming import Rules, RulesError, apply_rules, compile_rules
-from workbench.models.base import layer_of  # op names: layers.{i}[.…] -> i
+from workbench.program import layer_of  # op names: layers.{i}[.…] -> i
 from workbench.patterns import UserRegex
 
 

@@ -9,7 +9,10 @@ from __future__ import annotations
 import os
 
 from workbench.models import gemma3_text, gemma4_text, llama, qwen3
-from workbench.models.base import Builder, KVCache, Model, parse_dtype
+from workbench.dtypes import parse_dtype
+from workbench.models.builder import Builder  # noqa: F401  (re-exported)
+from workbench.models.feeds import KVCache  # noqa: F401  (re-exported)
+from workbench.models.model import Model
 
 FAMILIES = {m.FAMILY: m for m in (llama, qwen3, gemma3_text, gemma4_text)}
 _BY_MODEL_TYPE = {t: m for m in FAMILIES.values() for t in m.MODEL_TYPES}

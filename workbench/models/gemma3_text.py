@@ -28,7 +28,9 @@ from functools import partial
 import mlx.core as mx
 
 from workbench.checkpoint import arch
-from workbench.models.base import BaseConfig, Builder, geglu, rope_params, softcap
+from workbench.models.builder import Builder, geglu, softcap
+from workbench.models.model import BaseConfig
+from workbench.models.rope import rope_params
 
 FAMILY = "gemma3_text"
 MODEL_TYPES = ("gemma3_text", "gemma3")
@@ -78,12 +80,12 @@ def attention(b: Builder, cfg: Config, i: int, h: str, rope: dict) -> str:
     a = f"layers.{i}.self_attn"
     H, Hkv, D, eps = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps
     sliding = cfg.layer_types[i] == "sliding_attention"
-    rp = rope[cfg.layer_types[i]]
+    layer_rope = rope[cfg.layer_types[i]]
     q = b.heads(f"{a}.q_heads", b.linear(f"{a}.q_proj", h), H, D)
     k = b.heads(f"{a}.k_heads", b.linear(f"{a}.k_proj", h), Hkv, D)
     v = b.heads(f"{a}.v_heads", b.linear(f"{a}.v_proj", h), Hkv, D)
-    q = b.rope(f"{a}.q_rope", b.rmsnorm(f"{a}.q_norm", q, eps, plus_one=True), rp)
-    k = b.rope(f"{a}.k_rope", b.rmsnorm(f"{a}.k_norm", k, eps, plus_one=True), rp)
+    q = b.rope(f"{a}.q_rope", b.rmsnorm(f"{a}.q_norm", q, eps, plus_one=True), layer_rope)
+    k = b.rope(f"{a}.k_rope", b.rmsnorm(f"{a}.k_norm", k, eps, plus_one=True), layer_rope)
     k = b.kv_cache(f"{a}.k_cache", k, "k", i)
     v = b.kv_cache(f"{a}.v_cache", v, "v", i)
     mask = "attn_mask_sliding" if sliding else "attn_mask"

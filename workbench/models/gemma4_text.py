@@ -31,7 +31,9 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from workbench.checkpoint import arch
-from workbench.models.base import BaseConfig, Builder, geglu, rope_params, softcap
+from workbench.models.builder import Builder, geglu, softcap
+from workbench.models.model import BaseConfig
+from workbench.models.rope import rope_params
 
 FAMILY = "gemma4_text"
 MODEL_TYPES = ("gemma4_text", "gemma4")
@@ -126,16 +128,16 @@ def attention(b: Builder, cfg: Config, i: int, h: str, rope: dict) -> str:
     a = f"layers.{i}.self_attn"
     H, Hkv, D, eps = cfg.num_attention_heads, cfg.kv_heads_of(i), cfg.head_dim_of(i), cfg.rms_norm_eps
     kind = "full_attention" if cfg.is_full(i) else "sliding_attention"
-    rp = rope[kind]
+    layer_rope = rope[kind]
     q = b.heads(f"{a}.q_heads", b.linear(f"{a}.q_proj", h), H, D)
-    q = b.rope(f"{a}.q_rope", b.rmsnorm(f"{a}.q_norm", q, eps), rp)
+    q = b.rope(f"{a}.q_rope", b.rmsnorm(f"{a}.q_norm", q, eps), layer_rope)
     src = cfg.kv_source(i)
     if src == i:
         kp = b.linear(f"{a}.k_proj", h)
         vp = kp if cfg.k_eq_v(i) else b.linear(f"{a}.v_proj", h)
         k = b.heads(f"{a}.k_heads", kp, Hkv, D)
         v = b.heads(f"{a}.v_heads", vp, Hkv, D)
-        k = b.rope(f"{a}.k_rope", b.rmsnorm(f"{a}.k_norm", k, eps), rp)
+        k = b.rope(f"{a}.k_rope", b.rmsnorm(f"{a}.k_norm", k, eps), layer_rope)
         v = b.rmsnorm(f"{a}.v_norm", v, eps, scale=False)
         k = b.kv_cache(f"{a}.k_cache", k, "k", i)
         v = b.kv_cache(f"{a}.v_cache", v, "v", i)

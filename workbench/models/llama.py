@@ -19,7 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workbench.checkpoint import arch
-from workbench.models.base import BaseConfig, Builder, rope_params, swiglu
+from workbench.models.builder import Builder, swiglu
+from workbench.models.model import BaseConfig
+from workbench.models.rope import rope_params
 
 FAMILY = "llama"
 MODEL_TYPES = ("llama", "mistral", "qwen2")  # qwen2: llama with q/k/v biases
@@ -55,14 +57,14 @@ def windows(cfg: Config) -> dict:
     return w
 
 
-def attention(b: Builder, cfg: Config, i: int, h: str, rp: dict) -> str:
+def attention(b: Builder, cfg: Config, i: int, h: str, rope: dict) -> str:
     a = f"layers.{i}.self_attn"
     H, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     q = b.linear(f"{a}.q_proj", h)
     k = b.linear(f"{a}.k_proj", h)
     v = b.linear(f"{a}.v_proj", h)
-    q = b.rope(f"{a}.q_rope", b.heads(f"{a}.q_heads", q, H, D), rp)
-    k = b.rope(f"{a}.k_rope", b.heads(f"{a}.k_heads", k, Hkv, D), rp)
+    q = b.rope(f"{a}.q_rope", b.heads(f"{a}.q_heads", q, H, D), rope)
+    k = b.rope(f"{a}.k_rope", b.heads(f"{a}.k_heads", k, Hkv, D), rope)
     v = b.heads(f"{a}.v_heads", v, Hkv, D)
     k = b.kv_cache(f"{a}.k_cache", k, "k", i)
     v = b.kv_cache(f"{a}.v_cache", v, "v", i)
@@ -82,11 +84,11 @@ def mlp(b: Builder, i: int, h: str) -> str:
 
 
 def build(cfg: Config, b: Builder):
-    rp = rope_params(cfg.head_dim, cfg.rope["full_attention"], cfg.rope_traditional)
+    rope = rope_params(cfg.head_dim, cfg.rope["full_attention"], cfg.rope_traditional)
     x = b.embedding("embed_tokens", "input_ids")
     for i in range(cfg.num_hidden_layers):
         h = b.rmsnorm(f"layers.{i}.input_layernorm", x, cfg.rms_norm_eps)
-        x = b.add(f"layers.{i}.attn_residual", x, attention(b, cfg, i, h, rp))
+        x = b.add(f"layers.{i}.attn_residual", x, attention(b, cfg, i, h, rope))
         h = b.rmsnorm(f"layers.{i}.post_attention_layernorm", x, cfg.rms_norm_eps)
         x = b.add(f"layers.{i}", x, mlp(b, i, h))
     x = b.rmsnorm("norm", x, cfg.rms_norm_eps)

@@ -15,7 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workbench.checkpoint import arch
-from workbench.models.base import BaseConfig, Builder, rope_params
+from workbench.models.builder import Builder
+from workbench.models.model import BaseConfig
+from workbench.models.rope import rope_params
 from workbench.models.llama import mlp, windows
 
 FAMILY = "qwen3"
@@ -43,14 +45,14 @@ class Config(BaseConfig):
     sliding_window: int | None
 
 
-def attention(b: Builder, cfg: Config, i: int, h: str, rp: dict) -> str:
+def attention(b: Builder, cfg: Config, i: int, h: str, rope: dict) -> str:
     a = f"layers.{i}.self_attn"
     H, Hkv, D, eps = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps
     q = b.rmsnorm(f"{a}.q_norm", b.heads(f"{a}.q_heads", b.linear(f"{a}.q_proj", h), H, D), eps)
     k = b.rmsnorm(f"{a}.k_norm", b.heads(f"{a}.k_heads", b.linear(f"{a}.k_proj", h), Hkv, D), eps)
     v = b.linear(f"{a}.v_proj", h)
-    q = b.rope(f"{a}.q_rope", q, rp)
-    k = b.rope(f"{a}.k_rope", k, rp)
+    q = b.rope(f"{a}.q_rope", q, rope)
+    k = b.rope(f"{a}.k_rope", k, rope)
     v = b.heads(f"{a}.v_heads", v, Hkv, D)
     k = b.kv_cache(f"{a}.k_cache", k, "k", i)
     v = b.kv_cache(f"{a}.v_cache", v, "v", i)
@@ -61,11 +63,11 @@ def attention(b: Builder, cfg: Config, i: int, h: str, rp: dict) -> str:
 
 
 def build(cfg: Config, b: Builder):
-    rp = rope_params(cfg.head_dim, cfg.rope["full_attention"])
+    rope = rope_params(cfg.head_dim, cfg.rope["full_attention"])
     x = b.embedding("embed_tokens", "input_ids")
     for i in range(cfg.num_hidden_layers):
         h = b.rmsnorm(f"layers.{i}.input_layernorm", x, cfg.rms_norm_eps)
-        x = b.add(f"layers.{i}.attn_residual", x, attention(b, cfg, i, h, rp))
+        x = b.add(f"layers.{i}.attn_residual", x, attention(b, cfg, i, h, rope))
         h = b.rmsnorm(f"layers.{i}.post_attention_layernorm", x, cfg.rms_norm_eps)
         x = b.add(f"layers.{i}", x, mlp(b, i, h))
     x = b.rmsnorm("norm", x, cfg.rms_norm_eps)

@@ -100,14 +100,6 @@ def step_name(path: str) -> str:
     return path
 
 
-def layer_of(name: str) -> int | None:
-    if name.startswith("layers."):
-        part = name.split(".")[1].split("#")[0]
-        if part.isdigit():
-            return int(part)
-    return None
-
-
 def primary_array(out) -> tuple[mx.array | None, Callable[[mx.array], Any]]:
     """The array a module call produced (the first one of a tuple or list, or an output
     object's ``logits`` / ``last_hidden_state``), and how to put a changed one back."""

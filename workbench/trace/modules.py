@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from workbench.program import Op, Program
+from workbench.program import Op, Program, layer_of
 from workbench.trace.interventions import Intervention, normalize as _norm_iv
 from workbench.trace.tracer import Trace, TraceError
 
@@ -42,8 +42,6 @@ def _out(i: int):
 def tape_program(tape, describe) -> Program:
     """The op program of a recorded forward: op ``i`` returns call ``i``'s output.
     ``describe(i) -> (kind, params, attrs)`` names what the module is and reads."""
-    from workbench.reference.recorder import layer_of
-
     ops = []
     for i, name in enumerate(tape.names):
         kind, params, attrs = describe(i)

@@ -1,0 +1,242 @@
+"""The op builder every model family uses, and the fused element-wise kernels.
+
+A family file (llama.py, qwen3.py, gemma3_text.py, gemma4_text.py) reads top to bottom
+like its paper: a config dataclass, then ``build(cfg, b)`` that emits named ops through
+the :class:`Builder` helpers below (``b.linear``, ``b.rmsnorm``, ``b.rope`` ...).  Every
+helper appends one :class:`~workbench.program.Op` and returns its name, so the family
+code is plain dataflow over names::
+
+    h = b.rmsnorm(f"layers.{i}.input_layernorm", x, eps)
+    q = b.linear(f"layers.{i}.self_attn.q_proj", h)
+
+Op functions are real MLX computations over the checkpoint's tensors, read at call time
+from ``ctx.weights`` (converted once per compute dtype; quantized weights stay packed
+and go through ``mx.quantized_matmul`` / ``mx.gather_qmm`` with the checkpoint's mode).
+"""
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable, Iterable, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from workbench.program import Op, Program, layer_of
+
+
+# --------------------------------------------------------------------------- small fused math
+# The same compiled element-wise kernels mlx-lm uses, so results and speed match.
+
+@partial(mx.compile, shapeless=True)
+def swiglu(gate, x):
+    return nn.silu(gate) * x
+
+
+@partial(mx.compile, shapeless=True)
+def geglu(gate, x):
+    return nn.gelu_approx(gate) * x
+
+
+@partial(mx.compile, shapeless=True)
+def softcap(x, cap):
+    return mx.tanh(x / cap) * cap
+
+
+# --------------------------------------------------------------------------- builder
+
+class Builder:
+    """Appends named ops; every helper returns the name of the op it emitted."""
+
+    def __init__(self, ck, tensor_names: Iterable[str]):
+        self.ck = ck
+        self.names = set(tensor_names)
+        self.ops: list[Op] = []
+
+    # -- generic
+    def op(self, name: str, kind: str, fn: Callable, inputs: Sequence[str] = (),
+           params: Sequence[str] = (), layer: int | None = None, **attrs) -> str:
+        if layer is None:
+            layer = layer_of(name)
+        self.ops.append(Op(name, kind, fn, tuple(inputs), tuple(params), layer, dict(attrs)))
+        return name
+
+    def has(self, tensor: str) -> bool:
+        return tensor in self.names
+
+    def quant(self, module: str):
+        q = self.ck.quant_of(module) if hasattr(self.ck, "quant_of") else None
+        if q is not None and f"{module}.scales" not in self.names:
+            raise ValueError(f"{module}: config says quantized ({q}) but the checkpoint has no {module}.scales")
+        return q
+
+    def require(self, tensor: str):
+        if tensor not in self.names:
+            raise ValueError(f"checkpoint is missing tensor {tensor!r}")
+
+    def program(self, inputs: Sequence[str]) -> Program:
+        return Program(self.ops, tuple(inputs))
+
+    # -- weights
+    def embedding(self, name: str, ids: str, path: str | None = None) -> str:
+        """Rows of ``path.weight`` for the token ids, in the compute dtype."""
+        path = path or name
+        self.require(f"{path}.weight")
+        q = self.quant(path)
+        wn, sn, bn = f"{path}.weight", f"{path}.scales", f"{path}.biases"
+        if q is None:
+            def fn(ctx, ids):
+                return ctx.weights[wn][ids]
+        else:
+            mode, bits, gs = q.mode, q.bits, q.group_size
+
+            def fn(ctx, ids):
+                W = ctx.weights
+                b = W.get(bn)
+                return mx.dequantize(W[wn][ids], scales=W[sn][ids],
+                                     biases=b[ids] if b is not None else None, group_size=gs,
+                                     bits=bits, mode=mode, dtype=ctx.dtype if ctx.uniform else None)
+        return self.op(name, "embedding", fn, [ids], [path], quant=_qattrs(q))
+
+    def linear(self, name: str, x: str, path: str | None = None, **attrs) -> str:
+        """``x @ W.T (+ bias)``; quantized weights through ``mx.quantized_matmul``.
+
+        ``path`` is the module whose weight is applied (defaults to ``name``; a tied
+        lm_head applies ``embed_tokens``).
+        """
+        path = path or name
+        self.require(f"{path}.weight")
+        q = self.quant(path)
+        bias = self.has(f"{path}.bias")
+        wn, sn, bn, biasn = f"{path}.weight", f"{path}.scales", f"{path}.biases", f"{path}.bias"
+        if q is None:
+            if bias:
+                def fn(ctx, x):
+                    W = ctx.weights
+                    return mx.addmm(W[biasn], x, W[wn].T)
+            else:
+                def fn(ctx, x):
+                    return x @ ctx.weights[wn].T
+        else:
+            mode, bits, gs = q.mode, q.bits, q.group_size
+
+            def fn(ctx, x):
+                W = ctx.weights
+                y = mx.quantized_matmul(x, W[wn], scales=W[sn], biases=W.get(bn), transpose=True,
+                                        group_size=gs, bits=bits, mode=mode)
+                return y + W[biasn] if bias else y
+        return self.op(name, "linear", fn, [x], [path], quant=_qattrs(q), bias=bias, **attrs)
+
+    def rmsnorm(self, name: str, x: str, eps: float, path: str | None = None,
+                plus_one: bool = False, scale: bool = True, **attrs) -> str:
+        """``mx.fast.rms_norm`` over the last axis; ``plus_one``: Gemma 3's (1 + w) weight;
+        ``scale=False``: no weight at all (Gemma 4's v_norm)."""
+        path = path or name
+        if not scale:
+            def fn(ctx, x):
+                return mx.fast.rms_norm(x, None, eps)
+            return self.op(name, "rmsnorm", fn, [x], [], eps=eps, **attrs)
+        wn = f"{path}.weight"
+        self.require(wn)
+        if plus_one:
+            def fn(ctx, x):
+                return mx.fast.rms_norm(x, 1.0 + ctx.weights[wn], eps)
+        else:
+            def fn(ctx, x):
+                return mx.fast.rms_norm(x, ctx.weights[wn], eps)
+        return self.op(name, "rmsnorm", fn, [x], [path], eps=eps, plus_one=plus_one, **attrs)
+
+    # -- arithmetic
+    def add(self, name: str, a: str, b: str, **attrs) -> str:
+        return self.op(name, "add", lambda ctx, a, b: a + b, [a, b], **attrs)
+
+    def scale(self, name: str, x: str, s: float, **attrs) -> str:
+        return self.op(name, "scale", lambda ctx, x: x * s, [x], factor=s, **attrs)
+
+    # -- attention
+    def heads(self, name: str, x: str, n_heads: int, head_dim: int, **attrs) -> str:
+        """[B, T, H*D] -> [B, H, T, D]: every per-head tensor is heads-first from here on."""
+        def fn(ctx, x):
+            B, T, _ = x.shape
+            return x.reshape(B, T, n_heads, head_dim).transpose(0, 2, 1, 3)
+        return self.op(name, "heads", fn, [x], heads=n_heads, head_dim=head_dim, **attrs)
+
+    def rope(self, name: str, x: str, rope: dict, **attrs) -> str:
+        """Rotary embedding of [B, H, T, D] at positions ``rope_offset[b] + t``; ``rope``:
+        the arguments from :func:`workbench.models.rope.rope_params`."""
+        dims, base, scale, freqs, trad = rope["dims"], rope["base"], rope["scale"], rope["freqs"], rope["traditional"]
+
+        mscale = rope.get("mscale", 1.0)
+
+        def fn(ctx, x, offset):
+            if mscale != 1.0:
+                x = x * mscale
+            return mx.fast.rope(x, dims, traditional=trad, base=base, scale=scale,
+                                offset=offset, freqs=freqs)
+        return self.op(name, "rope", fn, [x, "rope_offset"], rope_type=rope["type"], dims=dims,
+                       base=base, rope_scale=scale, traditional=trad, **attrs)
+
+    def kv_cache(self, name: str, x: str, which: str, layer: int) -> str:
+        """Append this chunk's keys/values ([B, Hkv, T, D]) to the cache; return all of them."""
+        def fn(ctx, x):
+            if ctx.cache is None:
+                return x
+            return ctx.cache.update(which, layer, x)
+        return self.op(name, "cache", fn, [x], layer=layer, which=which)
+
+    def scores(self, name: str, q: str, k: str, mask: str, scale: float,
+               n_heads: int, n_kv_heads: int, **attrs) -> str:
+        """Scaled, masked attention scores [B, H, T, S] (masked entries hold the dtype's
+        lowest finite value, so they are finite and vanish in the softmax)."""
+        rep = n_heads // n_kv_heads
+
+        def fn(ctx, q, k, mask):
+            B, H, T, D = q.shape
+            if scale != 1.0:
+                q = q * mx.array(scale, q.dtype)
+            if rep > 1:
+                q = q.reshape(B, n_kv_heads, rep, T, D)
+                k = mx.expand_dims(k, 2)
+            s = q @ k.swapaxes(-1, -2)
+            if rep > 1:
+                s = s.reshape(B, H, T, -1)
+            return mx.where(mask, s, mx.array(mx.finfo(s.dtype).min, s.dtype))
+        return self.op(name, "scores", fn, [q, k, mask], scale=scale, num_heads=n_heads,
+                       num_kv_heads=n_kv_heads, mask=mask, **attrs)
+
+    def softmax(self, name: str, s: str, **attrs) -> str:
+        return self.op(name, "softmax", lambda ctx, s: mx.softmax(s, axis=-1, precise=True), [s], **attrs)
+
+    def attend(self, name: str, p: str, v: str, n_heads: int, n_kv_heads: int, head_dim: int,
+               **attrs) -> str:
+        """Probabilities times values, heads concatenated: [B, T, H*D] (head h is the
+        slice h*D:(h+1)*D of the last axis)."""
+        rep = n_heads // n_kv_heads
+
+        def fn(ctx, p, v):
+            B, H, T, S = p.shape
+            if rep > 1:
+                o = p.reshape(B, n_kv_heads, rep, T, S) @ mx.expand_dims(v, 2)
+                o = o.reshape(B, H, T, -1)
+            else:
+                o = p @ v
+            return o.transpose(0, 2, 1, 3).reshape(B, T, -1)
+        return self.op(name, "attend", fn, [p, v], num_heads=n_heads, head_dim=head_dim, **attrs)
+
+    def lm_head(self, x: str, tie: bool = True) -> str:
+        """``lm_head``: the checkpoint's lm_head when it has one, else the tied embeddings
+        (``embed_tokens`` as a linear; attrs ``tied=True``)."""
+        if self.has("lm_head.weight"):
+            return self.linear("lm_head", x, tied=False)
+        if not tie:
+            raise ValueError("checkpoint is missing tensor 'lm_head.weight' (config.json says "
+                             "tie_word_embeddings is false)")
+        return self.linear("lm_head", x, path="embed_tokens", tied=True)
+
+    def identity(self, name: str, x: str, kind: str = "output", **attrs) -> str:
+        return self.op(name, kind, lambda ctx, x: x, [x], **attrs)
+
+
+def _qattrs(q):
+    if q is None:
+        return None
+    return {"mode": q.mode, "bits": q.bits, "group_size": q.group_size}

@@ -1,0 +1,240 @@
+"""A loaded model: its config, its weights in a compute dtype, the run context, and
+:class:`Model` (the checkpoint, its op program, tokenizer, feeds, and ``.trace``).
+
+A family's config is checked against the checkpoint before anything is built
+(:func:`check_checkpoint`: inspect's first error, in one line)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import mlx.core as mx
+
+from workbench.dtypes import dtype_name, parse_dtype
+from workbench.models.feeds import KVCache, make_feeds
+from workbench.program import Program
+
+
+# --------------------------------------------------------------------------- config
+
+class CheckpointMismatch(ValueError):
+    """The checkpoint's tensors do not match its config.json (the message is inspect's first
+    error, in one line)."""
+
+
+@dataclass
+class BaseConfig:
+    """A family's config: the values :func:`workbench.checkpoint.arch.build_arch` read from
+    config.json (``Arch.spec``).  Which keys a family reads, ignores or refuses is declared
+    there, in ``arch.KEYS[FAMILY]``, so that ``inspect`` and ``load`` read a config alike."""
+
+    @classmethod
+    def from_checkpoint(cls, ck):
+        """The checkpoint's config, after every tensor's shape was checked against it."""
+        check_checkpoint(ck)
+        return cls(**ck.arch.spec)
+
+
+def check_checkpoint(ck) -> None:
+    """Refuse a checkpoint before anything is built or run: a config that cannot be read
+    (ConfigError naming the key) or tensors that do not match it (CheckpointMismatch with
+    inspect's first error; ``workbench inspect`` lists them all)."""
+    from workbench.checkpoint.arch import ConfigError
+    from workbench.checkpoint.inspect import inspect
+
+    if ck.arch is None:
+        raise ConfigError(ck.arch_error or "no usable config.json")
+    errors = inspect(ck).errors
+    if errors:
+        more = f" (and {len(errors) - 1} more: `workbench inspect {ck.path}` lists them)" if len(errors) > 1 else ""
+        raise CheckpointMismatch(f"checkpoint does not match its config: {errors[0].code}: "
+                                 f"{errors[0].message}{more}")
+
+
+# --------------------------------------------------------------------------- weights
+
+class Weights(Mapping):
+    """Checkpoint tensors by canonical name, floating ones converted to one compute dtype.
+
+    Packed quantized weights and integer/uint8 scales are left as they are; float
+    tensors (norm weights, affine scales and biases, unquantized matrices) are cast
+    once, on first use, and kept.
+    """
+
+    def __init__(self, raw: Mapping[str, mx.array], dtype: mx.Dtype):
+        self.raw = raw
+        self.dtype = dtype
+        self._memo: dict[str, mx.array] = {}
+
+    def __getitem__(self, name: str) -> mx.array:
+        v = self._memo.get(name)
+        if v is None:
+            try:
+                v = self.raw[name]
+            except KeyError:
+                raise KeyError(f"checkpoint has no tensor {name!r}") from None
+            if mx.issubdtype(v.dtype, mx.floating) and v.dtype != self.dtype:
+                v = v.astype(self.dtype)
+            self._memo[name] = v
+        return v
+
+    def get(self, name, default=None):
+        return self[name] if name in self.raw else default
+
+    def __contains__(self, name) -> bool:
+        return name in self.raw
+
+    def __iter__(self):
+        return iter(self.raw)
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+
+class _LazyTensors(Mapping):
+    """Tensors read from the checkpoint on first access (the reader memory-maps)."""
+
+    def __init__(self, ck, names: Iterable[str]):
+        self.ck = ck
+        self.names = list(names)
+        self._set = set(self.names)
+        self._memo: dict[str, mx.array] = {}
+
+    def __getitem__(self, name):
+        v = self._memo.get(name)
+        if v is None:
+            if name not in self._set:
+                raise KeyError(name)
+            v = self._memo[name] = self.ck.load(name)
+        return v
+
+    def __contains__(self, name):
+        return name in self._set
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __len__(self):
+        return len(self.names)
+
+
+# --------------------------------------------------------------------------- context
+
+@dataclass
+class Context:
+    """What op functions see: the compute dtype, the weights in it, the KV cache.
+
+    ``uniform``: True when a compute dtype was asked for (every op computes in it);
+    False for the storage dtype(s), where a quantized embedding dequantizes to MLX's
+    default dtype as mlx-lm does (bfloat16 for mxfp4/mxfp8/nvfp4 next to float32
+    tensors), so results equal mlx-lm's even on such mixed checkpoints."""
+
+    dtype: mx.Dtype
+    weights: Weights
+    cache: KVCache | None = None
+    model: Any = field(default=None, repr=False)
+    uniform: bool = True
+
+
+# --------------------------------------------------------------------------- model
+
+class Model:
+    """A checkpoint, its op program and what is needed to run it.
+
+    ``execute(model.program, model.context(...), model.feeds(ids))["logits"]``
+    """
+
+    def __init__(self, family: str, config, text_config: dict, checkpoint, program: Program,
+                 tensor_names: Sequence[str], tokenizer=None, windows=None, path=None):
+        self.family = family
+        self.family_config = config  # the family's Config dataclass (typed values)
+        self.config = text_config  # config.json's (text) dict, as written
+        self.checkpoint = checkpoint
+        self.program = program
+        self.tokenizer = tokenizer
+        self.path = path
+        self.num_layers = int(config.num_hidden_layers)
+        self.vocab_size = int(config.vocab_size)
+        self._windows = windows or {"attn_mask": None}
+        self._raw = _LazyTensors(checkpoint, tensor_names)
+        self._weights: dict[mx.Dtype, Weights] = {}
+        self.dtype = self._storage_dtype()
+        self.default_dtype = self.dtype
+
+    def __repr__(self):
+        return (f"<workbench model {self.family}: {self.num_layers} layers, {len(self.program)} ops, "
+                f"{dtype_name(self.default_dtype)}>")
+
+    def _storage_dtype(self) -> mx.Dtype:
+        for name in ("norm.weight", "embed_tokens.scales", "embed_tokens.weight"):
+            if name in self._raw:
+                dt = self._raw[name].dtype
+                if mx.issubdtype(dt, mx.floating):
+                    return dt
+        for name in self._raw:
+            dt = self._raw[name].dtype
+            if mx.issubdtype(dt, mx.floating):
+                return dt
+        return mx.float32
+
+    # -- tokenizer
+    def encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("this checkpoint has no tokenizer.json: pass token ids instead of text")
+        return list(self.tokenizer.encode(text).ids)
+
+    def decode(self, ids) -> str:
+        if self.tokenizer is None:
+            raise ValueError("this checkpoint has no tokenizer.json")
+        if isinstance(ids, mx.array):
+            ids = ids.tolist()
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    # -- running
+    def weights(self, dtype=None) -> Weights:
+        dt = parse_dtype(dtype) or self.default_dtype
+        w = self._weights.get(dt)
+        if w is None:
+            w = self._weights[dt] = Weights(self._raw, dt)
+        return w
+
+    def context(self, dtype=None, cache: KVCache | None = None) -> Context:
+        """dtype None: the storage dtype (``load(dtype=...)`` may have set another default)."""
+        dt = parse_dtype(dtype) or self.default_dtype
+        uniform = dtype is not None or self.default_dtype != self.dtype
+        return Context(dtype=dt, weights=self.weights(dt), cache=cache, model=self, uniform=uniform)
+
+    def make_cache(self) -> KVCache:
+        return KVCache(self.num_layers)
+
+    def feeds(self, ids, attention_mask=None, cache: KVCache | None = None) -> dict:
+        return make_feeds(ids, attention_mask, cache, self._windows, self.vocab_size)
+
+    def trace(self, ids_or_text, capture="stats", dtype=None, **kw):
+        """A :class:`~workbench.trace.tracer.Trace` of this model (``workbench.trace(model, ...)``)."""
+        from workbench.trace.tracer import trace
+        return trace(self, ids_or_text, capture=capture, dtype=dtype, **kw)
+
+    def __call__(self, ids, attention_mask=None, cache=None, dtype=None) -> mx.array:
+        """Logits [B, T, vocab] (uncaptured, lazy)."""
+        from workbench.program import execute
+        return execute(self.program, self.context(dtype, cache), self.feeds(ids, attention_mask, cache))["logits"]
+
+    # -- introspection
+    def op_tensors(self, op_name: str) -> dict[str, mx.array]:
+        """Every checkpoint tensor the op reads (weight, scales, biases, bias ...), as stored."""
+        op = self.program[op_name]
+        out = {}
+        for p in op.params:
+            if p in self._raw:
+                out[p] = self._raw[p]
+                continue
+            for suffix in ("weight", "scales", "biases", "bias", "global_scale"):
+                n = f"{p}.{suffix}"
+                if n in self._raw:
+                    out[n] = self._raw[n]
+        return out
+
+    @property
+    def tensor_names(self) -> list[str]:
+        return list(self._raw.names)
