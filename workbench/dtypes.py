@@ -12,7 +12,7 @@ def parse_dtype(dtype) -> mx.Dtype | None:
     """None, an ``mx.Dtype``, or a name (``"float16"``, ``"bf16"``, ``"mlx.core.float32"``)."""
     if dtype is None or isinstance(dtype, mx.Dtype):
         return dtype
-    key = str(dtype).replace("mlx.core.", "")
+    key = dtype_name(dtype)
     key = _ALIASES.get(key, key)
     if key not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")

@@ -161,7 +161,7 @@ def run_reference(model: Any, prompt: str | None = None, ids: Sequence[int] | No
     values, dtypes = {}, {}
     for n in names:  # evaluate and convert one op at a time
         v = out.pop(n)
-        dtypes[n] = str(v.dtype).replace("mlx.core.", "")
+        dtypes[n] = dtype_name(v.dtype)
         values[n] = to_numpy(v)
     path = model if isinstance(model, (str, os.PathLike)) else getattr(m, "path", None)
     path = os.path.abspath(path) if path is not None else None
@@ -213,7 +213,7 @@ def _dump_streaming(model, out, prompt, ids, ops, dtype) -> Reference:
     names = _select(_program_of(m, token_ids, dtype), ops)
     program, lazy, used = _forward(m, token_ids, names, dtype)
     shapes = {n: tuple(lazy[n].shape) for n in names}
-    dtypes = {n: str(lazy[n].dtype).replace("mlx.core.", "") for n in names}
+    dtypes = {n: dtype_name(lazy[n].dtype) for n in names}
     path = model if isinstance(model, (str, os.PathLike)) else getattr(m, "path", None)
     ref = Reference(values={}, order=list(program.names), ids=token_ids,
                     model=os.path.abspath(path) if path is not None else None,

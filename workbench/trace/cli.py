@@ -37,6 +37,7 @@ def _fmt(v) -> str:
 def run(args) -> int:
     import workbench
     from workbench.errors import UsageError, parse_ids
+    from workbench.dtypes import dtype_name
     from workbench.trace.hunt import hunt
     from workbench.trace.tracer import TraceError
 
@@ -70,7 +71,7 @@ def run(args) -> int:
         return 1 if result.found else 0
 
     t = result.trace
-    dt = str(t.dtype).replace("mlx.core.", "")
+    dt = dtype_name(t.dtype)
     f = result.finding
     if f is None:
         print(f"clean: no NaN or Inf in any of {report['ops_checked']} ops ({dt}, {len(ids)} tokens)")
