@@ -212,7 +212,7 @@ class Model:
 
     def trace(self, ids_or_text, capture="stats", dtype=None, **kw):
         """A :class:`~workbench.trace.tracer.Trace` of this model (``workbench.trace(model, ...)``)."""
-        from workbench.trace.tracer import trace
+        from workbench.trace.entry import trace
         return trace(self, ids_or_text, capture=capture, dtype=dtype, **kw)
 
     def __call__(self, ids, attention_mask=None, cache=None, dtype=None) -> mx.array:

@@ -25,7 +25,8 @@ from workbench import registry
 from workbench.dtypes import dtype_name, parse_dtype
 from workbench.reference import recorder as R
 from workbench.trace.modules import ModuleTrace
-from workbench.trace.tracer import TraceError, prepare_ids
+from workbench.trace.entry import prepare_ids
+from workbench.trace.step import TraceError
 
 
 class Session:
@@ -277,12 +278,8 @@ class ReferenceModel:
                                  f"vocabulary of {self.vocab_size}")
         dt = parse_dtype(dtype) or self.default_dtype
         session = Session(self, ids, dt, cache, extra)
-        t = ModuleTrace(session, capture=capture, breakpoints=breakpoints, interventions=interventions,
-                        model=self, **kw)
-        t.batched = batched
-        t.ids = ids
-        t.attention_mask = None
-        return t
+        return ModuleTrace(session, capture=capture, breakpoints=breakpoints, interventions=interventions,
+                           model=self, batched=batched, ids=ids, attention_mask=None, **kw)
 
     # -- introspection
     def op_tensors(self, name: str) -> dict[str, mx.array]:

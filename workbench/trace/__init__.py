@@ -19,7 +19,8 @@ from workbench.trace.modules import ModuleTrace
 from workbench.trace.record import Record, is_record
 from workbench.trace.stats import KEYS as STATS_KEYS
 from workbench.trace.store import ValueStore
-from workbench.trace.tracer import NONFINITE, Step, Trace, TraceError, prepare_ids, trace
+from workbench.trace.entry import prepare_ids, trace
+from workbench.trace.tracer import NONFINITE, Step, Trace, TraceError
 
 __all__ = ["trace", "Trace", "ModuleTrace", "Record", "is_record", "Step", "TraceError", "NONFINITE", "generate", "Generation", "hunt", "HuntResult",
            "Finding", "diagnose", "CAUSES", "Intervention", "patch", "replace", "zero_head", "inject",

@@ -39,7 +39,7 @@ def run(args) -> int:
     from workbench.errors import UsageError, parse_ids
     from workbench.dtypes import dtype_name
     from workbench.trace.hunt import hunt
-    from workbench.trace.tracer import TraceError
+    from workbench.trace.step import TraceError
 
     try:
         model = workbench.load(args.path)

@@ -32,7 +32,8 @@ from typing import Any
 import mlx.core as mx
 
 from workbench.trace.store import ValueStore
-from workbench.trace.tracer import TraceError, prepare_ids, trace as _trace
+from workbench.trace.entry import prepare_ids, trace as _trace
+from workbench.trace.step import TraceError
 
 
 @dataclass

@@ -24,7 +24,8 @@ import mlx.core as mx
 
 from workbench.program import Op, Program, layer_of
 from workbench.trace.interventions import Intervention, normalize as _norm_iv
-from workbench.trace.tracer import Trace, TraceError
+from workbench.trace.step import TraceError
+from workbench.trace.tracer import Trace
 
 #: the note every module-level trace carries (docs/trace.md repeats it)
 UNOPENED = ("module granularity: each step is one module call (children before their parent); code "

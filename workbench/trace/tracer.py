@@ -14,6 +14,9 @@ adds:
 * interventions (:mod:`workbench.trace.interventions`);
 * the NaN hunt (:meth:`Trace.first_nonfinite`, see :mod:`workbench.trace.hunt`).
 
+Beside it: step.py (the :class:`Step` record), snapshots.py (cache snapshots for going
+back), entry.py (``trace(model, ...)``: text or ids to a Trace of the model).
+
 Statistics are lazy: each op adds a tiny lazy reduction to the graph and the trace
 evaluates many of them with one ``mx.eval`` (at the end of ``run()``, or whenever the
 values waiting for evaluation pass ``flush_bytes``).  Breakpoints that need statistics
@@ -22,125 +25,20 @@ are found after such an evaluation; the trace then rewinds to the op that hit
 """
 from __future__ import annotations
 
-import copy
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import mlx.core as mx
 import numpy as np
 
-from workbench.dtypes import parse_dtype
 from workbench.program import Program, name_matches
 from workbench.trace import stats as _stats
 from workbench.trace.interventions import Intervention, normalize as _norm_iv
+from workbench.trace.snapshots import clone, restore, snapshot
+from workbench.trace.step import NONFINITE, Step, TraceError, dtype_str  # noqa: F401  (re-exported)
 from workbench.trace.store import ValueStore
 
-#: the breakpoint that stops at the first op with a NaN or an infinity in its output
-NONFINITE = "nonfinite"
-
 _UNDO_DEPTH = 32
-
-
-@dataclass
-class Step:
-    """What one executed op did."""
-
-    name: str
-    kind: str
-    layer: int | None
-    index: int
-    input_shapes: tuple
-    output_shape: tuple
-    dtype: str
-    stats: dict | None = None
-    intervened: tuple = ()
-
-    @property
-    def nonfinite(self) -> bool:
-        s = self.stats
-        return bool(s and (s["nan"] or s["posinf"] or s["neginf"]))
-
-    def to_dict(self) -> dict:
-        return {"index": self.index, "name": self.name, "kind": self.kind, "layer": self.layer,
-                "input_shapes": [list(s) for s in self.input_shapes], "output_shape": list(self.output_shape),
-                "dtype": self.dtype, "stats": _stats.jsonable(self.stats) if self.stats else None,
-                "intervened": list(self.intervened)}
-
-    def __repr__(self) -> str:
-        s = self.stats
-        extra = ""
-        if s:
-            bad = f" nan={s['nan']} +inf={s['posinf']} -inf={s['neginf']}" if self.nonfinite else ""
-            hr = s.get("headroom")
-            extra = (f" absmax={_fmt(s['absmax'])} mean={_fmt(s['mean'])} std={_fmt(s['std'])}"
-                     f"{'' if hr is None else f' headroom={_fmt(hr)}'}{bad}")
-        iv = f" [{'; '.join(self.intervened)}]" if self.intervened else ""
-        return f"<Step {self.index} {self.name} ({self.kind}) {list(self.output_shape)} {self.dtype}{extra}{iv}>"
-
-
-def _fmt(v) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
-
-
-_DTYPE_STR: dict = {}
-
-
-def _dtype_str(d) -> str:
-    s = _DTYPE_STR.get(d)
-    if s is None:
-        s = _DTYPE_STR[d] = str(d).replace("mlx.core.", "")
-    return s
-
-
-# --------------------------------------------------------------------------- cache snapshots
-# A cache is any object the ops mutate through ctx.cache (attributes rebound, lists
-# updated). A snapshot copies its attribute dict one level deep; arrays are immutable
-# values and are shared, so snapshots are cheap.
-
-def _snap(cache):
-    if cache is None:
-        return None
-    if isinstance(cache, (list, tuple)):
-        return [(c, _snap_dict(c)) for c in cache]
-    return [(cache, _snap_dict(cache))]
-
-
-def _snap_dict(obj) -> dict:
-    return _copy_state(vars(obj))
-
-
-def _restore(snap) -> None:
-    if snap is None:
-        return
-    for obj, d in snap:
-        vars(obj).clear()
-        vars(obj).update(_copy_state(d))
-
-
-def _copy_state(d: dict) -> dict:
-    return {k: (copy.copy(v) if isinstance(v, (list, dict)) else v) for k, v in d.items()}
-
-
-def _clone(snap):
-    """A new cache object (or list) in the snapshot's state; the live cache is untouched."""
-    if snap is None:
-        return None
-    out = []
-    for obj, d in snap:
-        c = copy.copy(obj)
-        vars(c).clear()
-        vars(c).update(_copy_state(d))
-        out.append(c)
-    return out if len(out) != 1 else out[0]
-
-
-class TraceError(RuntimeError):
-    """A trace cannot do what was asked (clear message, no library traceback needed)."""
 
 
 class Trace:
@@ -157,6 +55,7 @@ class Trace:
         hunt checks them for non-finite values).
     memory_budget: bytes of captured values kept in memory before spilling to disk.
     flush_bytes: evaluate pending statistics once the waiting values pass this size.
+    batched, ids, attention_mask: what the model-level entry ran (see :func:`workbench.trace.entry.trace`).
     """
 
     def __init__(self, program: Program, ctx: Any, feeds: Mapping[str, mx.array], *,
@@ -164,13 +63,19 @@ class Trace:
                  context: Callable | None = None, tensors: Callable | None = None,
                  memory_budget: int | None = None, spill_dir: str | None = None,
                  flush_bytes: int = 512 * 2**20, store: ValueStore | None = None,
-                 key_prefix: str = "", model: Any = None):
+                 key_prefix: str = "", model: Any = None, batched: bool = True,
+                 ids: mx.array | None = None, attention_mask: mx.array | None = None):
         missing = [n for n in program.inputs if n not in feeds]
         if missing:
             raise TraceError(f"feeds lack program input(s) {', '.join(missing)}")
         self.program = program
         self.ctx = ctx
         self.model = model
+        #: False: one unbatched sequence (``.logits`` drops the batch axis)
+        self.batched = bool(batched)
+        #: the token ids [B, T] and the padding mask [B, T] (None: no padding) it runs on
+        self.ids = ids
+        self.attention_mask = attention_mask
         self._feeds = dict(feeds)
         self._context = context
         self._tensors = tensors
@@ -188,7 +93,7 @@ class Trace:
         self._iv_by_op: dict[str, list[Intervention]] = {}
         for iv in _norm_iv(interventions):
             self.add_intervention(iv)
-        self._cache0 = _snap(getattr(ctx, "cache", None))
+        self._cache0 = snapshot(getattr(ctx, "cache", None))
         self._reset_state()
 
     # ------------------------------------------------------------------ setup
@@ -265,7 +170,7 @@ class Trace:
     def __repr__(self) -> str:
         cap = self.capture if not isinstance(self.capture, list) else f"patterns {self.capture}"
         return (f"<Trace {self.position}/{len(self._ops)} ops, capture={cap}, "
-                f"dtype={_dtype_str(self.dtype) if self.dtype is not None else '?'}>")
+                f"dtype={dtype_str(self.dtype) if self.dtype is not None else '?'}>")
 
     # ------------------------------------------------------------------ execution core
     #: the trace applies interventions to op outputs itself; a subclass whose ops return
@@ -285,7 +190,7 @@ class Trace:
         try:
             out = op.fn(self.ctx, *args)
         except Exception as e:  # name the op (MLX raises shape errors while building the graph)
-            shapes = ", ".join(f"{s} {list(a.shape)} {_dtype_str(a.dtype)}" for s, a in zip(op.inputs, args))
+            shapes = ", ".join(f"{s} {list(a.shape)} {dtype_str(a.dtype)}" for s, a in zip(op.inputs, args))
             raise TraceError(f"op {op.name!r} ({op.kind}, op {i}) failed on {shapes or 'no inputs'}"
                              f"{' reading ' + ', '.join(op.params) if op.params else ''}: {e}") from e
         labels = ()
@@ -310,7 +215,7 @@ class Trace:
         if not record:
             return None
         step = Step(op.name, op.kind, op.layer, i, self._input_shapes(i, args),
-                    out.shape, _dtype_str(out.dtype), None, labels)
+                    out.shape, dtype_str(out.dtype), None, labels)
         self._steps.append(step)
         keep = op.name in self._keep
         if self._stats_on or keep:
@@ -396,7 +301,7 @@ class Trace:
         evaluated = False
         while self.position < end:
             start = self.position
-            snap = (dict(self._env), _snap(getattr(self.ctx, "cache", None))) if spec else None
+            snap = (dict(self._env), snapshot(getattr(self.ctx, "cache", None))) if spec else None
             name_stop = None
             while self.position < end:
                 step = self._exec(self.position)
@@ -431,7 +336,7 @@ class Trace:
         del self._steps[hit + 1:]
         env, cache = snap
         self._env = dict(env)
-        _restore(cache)
+        restore(cache)
         for j in [k for k in self._undo if k >= start]:
             del self._undo[j]
         for j in range(start, hit + 1):
@@ -457,7 +362,7 @@ class Trace:
 
     def _replay_to(self, i: int) -> None:
         """Rebuild the live values as they were before op ``i`` (lazily, from the feeds)."""
-        _restore(self._cache0)
+        restore(self._cache0)
         self._env = dict(self._feeds)
         self._undo.clear()
         for j in range(i):
@@ -468,7 +373,7 @@ class Trace:
         """Back to the start (captured values dropped)."""
         for s in self._steps:
             self._store.remove(self._prefix + s.name)
-        _restore(self._cache0)
+        restore(self._cache0)
         self._reset_state()
 
     # ------------------------------------------------------------------ values
@@ -525,7 +430,7 @@ class Trace:
             raise TraceError(f"the trace has not reached {self._last_name!r} yet (op {self.position} of "
                              f"{len(self._ops)}); call run()")
         v = self.value(self._last_name)
-        if not getattr(self, "batched", True) and v.ndim == 3 and v.shape[0] == 1:
+        if not self.batched and v.ndim == 3 and v.shape[0] == 1:
             return v[0]
         return v
 
@@ -633,7 +538,7 @@ class Trace:
                 return vals, None
         if self._context is None:
             raise TraceError("cannot recompute this op: the trace was made without a context factory")
-        cache = _clone(self._cache0)
+        cache = clone(self._cache0)
         ctx = self._context(self.dtype, cache)
         env = dict(self._feeds)
         for j in range(i):
@@ -681,97 +586,3 @@ class Trace:
         if self._tensors is None:
             return {}
         return dict(self._tensors(name))
-
-
-# --------------------------------------------------------------------------- model-level entry
-
-def _parse_dtype(dtype):
-    if dtype is None or isinstance(dtype, mx.Dtype):
-        return dtype
-    return parse_dtype(dtype)
-
-
-def prepare_ids(model, ids_or_text, pad_id: int | None = None):
-    """(ids [B, T] int32, attention_mask [B, T] or None, batched) from text, token ids, or
-    lists of either (left padded with ``pad_id``, default the config's pad_token_id or 0)."""
-    x = ids_or_text
-    if isinstance(x, np.ndarray):
-        x = mx.array(x)
-    if isinstance(x, str):
-        seqs, batched = [model.encode(x)], False
-    elif isinstance(x, mx.array):
-        if x.ndim in (1, 2) and x.size and mx.issubdtype(x.dtype, mx.integer):
-            # as given: no round trip through the host (the feeds check the id range)
-            return (x[None] if x.ndim == 1 else x).astype(mx.int32), None, x.ndim == 2
-        if x.ndim == 1:
-            seqs, batched = [x.tolist()], False
-        elif x.ndim == 2:
-            seqs, batched = x.tolist(), True
-        else:
-            raise ValueError(f"token ids must be [T] or [B, T], got shape {tuple(x.shape)}")
-    elif isinstance(x, (list, tuple)):
-        if len(x) == 0:
-            raise ValueError("no tokens to run")
-        if all(isinstance(e, str) for e in x):
-            seqs, batched = [model.encode(s) for s in x], True
-        elif all(isinstance(e, (int, np.integer)) for e in x):
-            seqs, batched = [list(x)], False
-        elif all(isinstance(e, (list, tuple, mx.array, np.ndarray)) for e in x):
-            seqs = [list(e.tolist() if hasattr(e, "tolist") else e) for e in x]
-            batched = True
-        else:
-            raise ValueError("pass a string, a list of token ids, or a list of strings / id lists")
-    else:
-        raise ValueError(f"cannot run {type(x).__name__}: pass text or token ids")
-    for s in seqs:
-        if len(s) == 0:
-            raise ValueError("an empty sequence (the text encodes to no tokens)")
-    T = max(len(s) for s in seqs)
-    if pad_id is None:
-        cfg = getattr(model, "config", None) or {}
-        pad_id = cfg.get("pad_token_id") if isinstance(cfg, Mapping) else None
-        pad_id = 0 if pad_id is None else int(pad_id)
-    if all(len(s) == T for s in seqs):
-        return mx.array(seqs, dtype=mx.int32), None, batched
-    ids = [[pad_id] * (T - len(s)) + list(s) for s in seqs]
-    mask = [[0] * (T - len(s)) + [1] * len(s) for s in seqs]
-    return mx.array(ids, dtype=mx.int32), mx.array(mask, dtype=mx.bool_), batched
-
-
-def trace(model, ids_or_text, capture="stats", dtype=None, breakpoints=None, interventions=None, *,
-          cache=None, attention_mask=None, pad_id: int | None = None, memory_budget: int | None = None,
-          spill_dir: str | None = None, flush_bytes: int = 512 * 2**20, store: ValueStore | None = None,
-          key_prefix: str = "", **extra) -> Trace:
-    """A :class:`Trace` of ``model`` on text, token ids, or a batch of either.
-
-    capture: ``"stats"`` (default) | ``"full"`` | [name patterns] | None.
-    dtype: compute dtype (``"float32"``, ``"bfloat16"``, ``"float16"``) whatever the
-    storage dtype; None uses the model's default.
-    Batches are left padded and masked; ``.logits`` is then [B, T, vocab].
-    """
-    if getattr(model, "granularity", "op") == "module":  # a reference model: its module calls are the steps
-        return model.module_trace(ids_or_text, capture=capture, dtype=dtype, breakpoints=breakpoints,
-                                  interventions=interventions, cache=cache, attention_mask=attention_mask,
-                                  pad_id=pad_id, memory_budget=memory_budget, spill_dir=spill_dir,
-                                  flush_bytes=flush_bytes, store=store, key_prefix=key_prefix, **extra)
-    if extra:
-        raise TraceError(f"{', '.join(extra)}: only a module-level model (workbench.load(..., "
-                         "granularity='module')) takes images or audio")
-    ids, mask, batched = prepare_ids(model, ids_or_text, pad_id)
-    if attention_mask is not None:
-        mask = attention_mask if isinstance(attention_mask, mx.array) else mx.array(attention_mask)
-    dt = _parse_dtype(dtype)
-    feeds = model.feeds(ids, attention_mask=mask, cache=cache)
-    ctx = model.context(dt, cache=cache)
-
-    def context(d, c):
-        return model.context(d, cache=c)
-
-    t = Trace(model.program, ctx, feeds, capture=capture, breakpoints=breakpoints,
-              interventions=interventions, context=context, tensors=model.op_tensors,
-              memory_budget=memory_budget, spill_dir=spill_dir, flush_bytes=flush_bytes,
-              store=store, key_prefix=key_prefix, model=model)
-    t.batched = batched
-    t.ids = ids
-    t.attention_mask = mask
-    return t
