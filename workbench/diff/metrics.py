@@ -1,7 +1,7 @@
 """Error metrics between a reference activation and an engine's, and the tolerance.
 
-All metrics are computed from float32 inputs with float64 sums (chunk by chunk, so
-values near float32's largest, such as mask fill, never overflow them; ``1 - cosine``
+All metrics are computed from float32 inputs with float64 sums (so values near
+float32's largest, such as mask fill, never overflow them; ``1 - cosine``
 from ``|engine - ref|^2`` so it stays accurate near 1), on the elements finite in both
 tensors; non-finite elements are counted separately (NaN, +Inf, -Inf, per element,
 never through a sum):
@@ -152,37 +152,27 @@ def error_metrics(ref: np.ndarray, eng: np.ndarray, mask_below: float | None = -
     return out
 
 
-#: elements per chunk converted to float64 at a time (bounded memory on large activations)
-_CHUNK = 1 << 20
-
-
-def _chunks(*arrays: np.ndarray):
-    """Aligned float64 chunks of flat float32 arrays."""
-    n = arrays[0].size
-    for i in range(0, n, _CHUNK):
-        yield tuple(a[i:i + _CHUNK].astype(np.float64) for a in arrays)
+def _dot(a: np.ndarray, b: np.ndarray) -> float:
+    """Sum of a * b over two flat float32 arrays, accumulated in float64 (cannot overflow)."""
+    return float(np.einsum("i,i->", a, b, dtype=np.float64))
 
 
 def _finite_metrics(r: np.ndarray, e: np.ndarray) -> dict[str, float]:
     """cosine, nmse, max_abs, max_rel, nmse_power of two flat float32 arrays, all finite.
 
-    Sums run in float64, chunk by chunk: a float32 value squares to at most ~1.2e77, so no
-    sum of finite inputs overflows (mask fill near float32's largest included) and every
-    metric of finite inputs is a finite number, 0 or +inf (a zero reference's nmse)."""
+    Sums accumulate in float64: a float32 value squares to at most ~1.2e77, so no sum of
+    finite inputs overflows (mask fill near float32's largest included), and every metric
+    of finite inputs is a number (nmse, max_rel and nmse_power +inf against an all-zero
+    reference).  ``e - r`` is taken in float32, halved first when it could overflow.
+    """
     nan = float("nan")
     n = r.size
     if n == 0:
         return {"cosine": nan, "nmse": nan, "max_abs": nan, "max_rel": nan, "nmse_power": nan}
-    srr = see = sdd = sre = sr = 0.0
-    max_abs = 0.0
-    for rc, ec in _chunks(r, e):
-        d = ec - rc
-        srr += float(np.dot(rc, rc))
-        see += float(np.dot(ec, ec))
-        sdd += float(np.dot(d, d))
-        sre += float(np.dot(rc, ec))
-        sr += float(rc.sum())
-        max_abs = max(max_abs, float(np.abs(d).max()))
+    amax = max(float(r.max()), -float(r.min()), float(e.max()), -float(e.min()))
+    s = 1.0 if amax < 1.7e38 else 0.5  # halving is exact, and keeps e - r finite
+    d = e - r if s == 1.0 else e * np.float32(s) - r * np.float32(s)
+    srr, see, sre, sdd = _dot(r, r), _dot(e, e), _dot(r, e), _dot(d, d) / (s * s)
     nr, ne = math.sqrt(srr), math.sqrt(see)
     if srr == 0 and see == 0:
         cos = 1.0
@@ -190,24 +180,34 @@ def _finite_metrics(r: np.ndarray, e: np.ndarray) -> dict[str, float]:
         cos = 0.0
     else:
         cos = sre / (nr * ne)
-        if cos > 0.5 and max(nr, ne) < 1e3 * min(nr, ne):  # 1 - cosine from |d|^2: accurate near 1
-            cos = 1.0 - (sdd - (nr - ne) ** 2) / (2.0 * nr * ne)  # (its cancellation grows with nr/ne)
+        if cos > 0.99 and max(nr, ne) < 1e3 * min(nr, ne):  # near 1: 1 - cosine from |d|^2, exact
+            cos = 1.0 - (sdd - (nr - ne) ** 2) / (2.0 * nr * ne)  # for equal tensors (cancels if nr >> ne)
         cos = float(np.clip(cos, -1.0, 1.0))
     mse = sdd / n
-    mean_r = sr / n
+    mean_r = float(r.sum(dtype=np.float64)) / n
     var = srr / n - mean_r * mean_r
     if mean_r * mean_r > 0.5 * srr / n:  # a large mean: subtract it first (no cancellation)
-        var = sum(float(np.dot(rc - mean_r, rc - mean_r)) for (rc,) in _chunks(r)) / n
+        c = r * np.float32(s) - np.float32(mean_r * s)
+        var = _dot(c, c) / (s * s) / n
     nmse_power = mse / (srr / n) if srr > 0 else (0.0 if mse == 0 else float("inf"))
     if mse == 0.0:
         nmse = 0.0
     else:
         denom = var if var > 1e-12 * (srr / n) else srr / n
         nmse = mse / denom if denom > 0 else float("inf")
+    np.abs(d, out=d)
+    max_abs = float(d.max()) / s
     floor = 1e-3 * math.sqrt(srr / n)
     if floor > 0:
-        max_rel = max(float((np.abs(ec - rc) / np.maximum(np.abs(rc), floor)).max()) for rc, ec in _chunks(r, e))
-    else:  # an all-zero reference
+        den = np.abs(r)
+        if s != 1.0:
+            den *= np.float32(s)
+        np.maximum(den, max(np.float32(floor * s), np.finfo(np.float32).tiny), out=den)
+        with np.errstate(over="ignore"):
+            max_rel = float((d / den).max())
+        if math.isinf(max_rel):  # beyond float32: again in float64
+            max_rel = float((d.astype(np.float64) / den).max())
+    else:
         max_rel = 0.0 if max_abs == 0 else float("inf")
     return {"cosine": cos, "nmse": nmse, "max_abs": max_abs, "max_rel": max_rel, "nmse_power": nmse_power}
 
@@ -380,18 +380,18 @@ def _staircase(bad: np.ndarray, valid: np.ndarray) -> str | None:
     two non-zero values.  Returns the phrase for it, or None."""
     if bad.ndim != 3 or bad.shape[1] < 2:
         return None
-    n = bad.sum(axis=-1)
+    n = bad.sum(axis=-1)  # [slabs, tokens]
+    if len(np.unique(n[n > 0])) < 2:  # (cheap checks first)
+        return None
+    steps = np.diff(n, axis=1)
+    way = "grows" if (steps >= 0).all() else "shrinks" if (steps <= 0).all() else None
+    if way is None:
+        return None
     for lead, flip in (("leading", False), ("trailing", True)):
         b, v = (bad[..., ::-1], valid[..., ::-1]) if flip else (bad, valid)
-        if not np.array_equal(b, v & (np.cumsum(v, axis=-1) <= n[..., None])):
-            continue
-        steps = np.diff(n, axis=1)
-        if len(np.unique(n[n > 0])) < 2:
-            return None
-        for way, ok in (("grows", (steps >= 0).all()), ("shrinks", (steps <= 0).all())):
-            if ok:
-                return (f"per token a run of {lead} channels that {way} from token to token "
-                        "(an input overwritten while the kernel still reads it)")
+        if np.array_equal(b, v & (np.cumsum(v, axis=-1, dtype=np.int32) <= n[..., None])):
+            return (f"per token a run of {lead} channels that {way} from token to token "
+                    "(an input overwritten while the kernel still reads it)")
     return None
 
 
