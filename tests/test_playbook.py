@@ -135,6 +135,8 @@ def test_cli_exit_statuses(demo, files, capsys):
     out = capsys.readouterr().out
     assert "first divergence: layers.0.self_attn.scores" in out
     assert "267 non-finite element(s) (267 in the engine) at tokens 0-13 (14 of 14) x channels 0-5, 14-26, 28-31, 42-52" in out
+    assert "(34 of 56); staircase: per token a run of leading channels that grows" in out
+    assert "`workbench hazards SCHEDULE.json`" in out
     assert cli(["hazards", str(d / "bad.schedule.json")]) == 1
     assert "4 hazards (4 partial-overlap)" in capsys.readouterr().out
     assert cli(["diff", str(files["ref"]), str(files["fixed"])]) == 0
