@@ -86,10 +86,14 @@ def _read_tokenizer(path: Path):
         raise UsageError(f"{f}: cannot be read by tokenizers ({str(e).splitlines()[0]})") from None
 
 
+def build_model(cfg: dict):
+    """mlx-lm's gemma4_text Model of ``cfg`` (random weights)."""
+    from mlx_lm.models import gemma4_text
+    return gemma4_text.Model(gemma4_text.ModelArgs.from_dict(cfg))
+
+
 def load_mlx_lm(path: str | Path):
     """mlx-lm's gemma4_text Model with the checkpoint's weights (the reference)."""
-    from mlx_lm.models import gemma4_text
-
     path = Path(path)
     cfg = _read_config(path)
     if cfg.get("model_type") != "gemma4_text":
@@ -102,7 +106,7 @@ def load_mlx_lm(path: str | Path):
         weights = mx.load(str(wfile))
     except Exception as e:
         raise UsageError(f"{wfile}: not a readable safetensors file ({e})") from None
-    model = gemma4_text.Model(gemma4_text.ModelArgs.from_dict(cfg))
+    model = build_model(cfg)
     weights = model.sanitize(weights)
     q = cfg.get("quantization")
     if q:

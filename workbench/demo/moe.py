@@ -26,8 +26,7 @@ MOE_KEYS = {"enable_moe_block": True, "num_experts": 4, "top_k_experts": 2, "moe
 
 def upcycle(dense_path: Path):
     """A gemma4_text MoE model (mlx-lm's class) holding the dense demo model's weights."""
-    from workbench.demo.loading import load_mlx_lm
-    from workbench.demo.train import build_model
+    from workbench.demo.loading import build_model, load_mlx_lm
 
     dense, cfg = load_mlx_lm(dense_path)
     cfg = {k: v for k, v in cfg.items() if k not in ("quantization", "quantization_config")}

@@ -32,6 +32,7 @@ from mlx.utils import tree_flatten
 
 from workbench import fsio
 from workbench.demo import corpus
+from workbench.demo.loading import build_model
 from workbench.demo.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_tokenizer
 
 SEQ_LEN = 28  # longest example: <bos> + 10 words + | + 10 words + . + <eos> = 24 tokens
@@ -72,11 +73,6 @@ def demo_config(vocab_size: int) -> dict:
         "torch_dtype": "bfloat16",
     }
     return cfg
-
-
-def build_model(cfg: dict):
-    from mlx_lm.models import gemma4_text
-    return gemma4_text.Model(gemma4_text.ModelArgs.from_dict(cfg))
 
 
 def encode_examples(tok, exs: list[corpus.Example], seq_len: int = SEQ_LEN, answer_weight: float = 1.0):
