@@ -161,7 +161,7 @@ def test_values_statistics_are_exact(tmp_path):
     assert s["count"] == w.size
     assert s["min"] == pytest.approx(w.min(), rel=1e-3) and s["max"] == pytest.approx(w.max(), rel=1e-3)
     assert s["std"] == pytest.approx(w.std(), rel=1e-3)
-    assert s["zero_fraction"] == pytest.approx((w == 0).mean(), abs=1e-6)
+    assert s["zero_frac"] == pytest.approx((w == 0).mean(), abs=1e-6)
     # scales checked too
     sc = np.array(ck.load("layers.0.mlp.down_proj.scales").astype(mx.float32))
     s = by["model.layers.0.mlp.down_proj.scales"]["stats"]
@@ -178,7 +178,7 @@ def test_values_counts_are_per_element(tmp_path):
     st.add(a[3:])
     d = st.to_dict()
     assert (d["nan"], d["posinf"], d["neginf"], d["count"]) == (1, 2, 1, 7)
-    assert d["min"] == -2.0 and d["max"] == 1.0 and d["zero_fraction"] == pytest.approx(1 / 7)
+    assert d["min"] == -2.0 and d["max"] == 1.0 and d["zero_frac"] == pytest.approx(1 / 7)
 
 
 def test_mx_scales_decoded(tmp_path):
@@ -330,7 +330,7 @@ def test_bf16_fast_path_matches_exact(case):
         fast.add_bf16(part)
         exact.add(_bf16_to_f32(part).copy())
     a, b = fast.to_dict(), exact.to_dict()
-    for k in ("nan", "posinf", "neginf", "count", "zero_fraction", "min", "max", "absmax"):
+    for k in ("nan", "posinf", "neginf", "count", "zero_frac", "min", "max", "absmax"):
         assert a[k] == b[k], k
     assert a["mean"] == pytest.approx(b["mean"], rel=1e-9, abs=1e-40)
     assert a["std"] == pytest.approx(b["std"], rel=1e-9, abs=1e-40)

@@ -12,14 +12,14 @@ from workbench.checkpoint.quant import QuantSpec
 
 import mlx.core as mx  # noqa: E402  (after workbench)
 
-EXACT = ("nan", "posinf", "neginf", "count", "zero_fraction", "min", "max", "absmax")
+EXACT = ("nan", "posinf", "neginf", "count", "zero_frac", "min", "max", "absmax")
 
 
 def reference(x) -> dict:
     f = np.asarray(x, np.float64).ravel()
     fin = f[np.isfinite(f)]
     d = {"nan": int(np.isnan(f).sum()), "posinf": int((f == np.inf).sum()), "neginf": int((f == -np.inf).sum()),
-         "count": f.size, "zero_fraction": float((f == 0).sum() / f.size) if f.size else 0.0}
+         "count": f.size, "zero_frac": float((f == 0).sum() / f.size) if f.size else 0.0}
     if fin.size:
         d.update(min=fin.min(), max=fin.max(), absmax=np.abs(fin).max(), mean=fin.mean(), std=fin.std())
     else:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from workbench.stats_schema import NONFINITE, SUMMARY
+
 
 def _table(r, ck) -> dict:
     """canonical LM names (fused HF experts split into their halves) + other components as stored"""
@@ -40,10 +42,10 @@ def compare(ra, cka, rb, ckb, values: bool) -> dict:
         if values and x.get("stats") and y.get("stats"):
             sx, sy = x["stats"], y["stats"]
             changed = {}
-            for f in ("nan", "posinf", "neginf"):
+            for f in NONFINITE:
                 if sx[f] != sy[f]:
                     changed[f] = [sx[f], sy[f]]
-            for f in ("min", "max", "mean", "std", "absmax"):
+            for f in SUMMARY:
                 u, v = sx[f], sy[f]
                 if (u is None) != (v is None) or (u is not None and not math.isclose(u, v, rel_tol=1e-3, abs_tol=1e-6)):
                     changed[f] = [u, v]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from collections import Counter
 
+from workbench.stats_schema import nonfinite_count
+
 
 def _fmt_bytes(n):
     for u in ("B", "KB", "MB", "GB", "TB"):
@@ -73,27 +75,27 @@ def render(r, color: bool = False) -> str:
             st = t.get("stats")
             if st and st["min"] is not None:
                 line += (f"  min {st['min']:.4g} max {st['max']:.4g} mean {st['mean']:.4g} std {st['std']:.4g}"
-                         f" NaN {st['nan']} +Inf {st['posinf']} -Inf {st['neginf']} zeros {100 * st['zero_fraction']:.1f}%")
+                         f" NaN {st['nan']} +Inf {st['posinf']} -Inf {st['neginf']} zeros {100 * st['zero_frac']:.1f}%")
             elif st:
                 line += f"  no finite values: NaN {st['nan']} +Inf {st['posinf']} -Inf {st['neginf']}"
             out.append(line)
     if r.tensors and any("stats" in t for t in r.tensors):
         scanned = [t for t in r.tensors if t.get("stats")]
-        bad = [t for t in scanned if t["stats"]["nan"] + t["stats"]["posinf"] + t["stats"]["neginf"]]
+        bad = [t for t in scanned if nonfinite_count(t["stats"])]
         out.append(f"  values: {len(scanned)} tensors scanned, {len(bad)} with NaN/Inf"
                    + (" (quantized weights dequantized)" if any(t.get("dequantized") for t in scanned) else ""))
         fin = [t for t in scanned if t["stats"]["absmax"] is not None]
         show = bad[:20] + [t for t in sorted(fin, key=lambda t: -t["stats"]["absmax"]) if t not in bad][:3]
         if fin:
-            zs = max(fin, key=lambda t: t["stats"]["zero_fraction"])
-            if zs["stats"]["zero_fraction"] > 0.5 and zs not in show:
+            zs = max(fin, key=lambda t: t["stats"]["zero_frac"])
+            if zs["stats"]["zero_frac"] > 0.5 and zs not in show:
                 show.append(zs)
         for t in show:
             s = t["stats"]
             rng = "no finite values" if s["min"] is None else \
                 f"min {s['min']:.4g} max {s['max']:.4g} mean {s['mean']:.4g} std {s['std']:.4g}"
             out.append(f"    {t['name']}: {rng}; NaN {s['nan']}, +Inf {s['posinf']}, -Inf {s['neginf']}, "
-                       f"zeros {100 * s['zero_fraction']:.1f}%")
+                       f"zeros {100 * s['zero_frac']:.1f}%")
         out.append("    (largest |values| shown; --json lists every tensor's statistics)")
     errs = [p for p in r.problems if p.severity == "error"]
     warns = [p for p in r.problems if p.severity != "error"]

@@ -16,6 +16,7 @@ from workbench.checkpoint.checks import FLOATS, Context
 from workbench.checkpoint.sfile import DTYPE_BITS
 from workbench.checkpoint.values import ChunkReader, Stats, affine_stats, dequant_rows, native, pread, row_bytes, \
     to_float
+from workbench.stats_schema import nonfinite_count
 
 
 def scan_values(cx: Context, report, progress, chunk_bytes):
@@ -134,8 +135,7 @@ def scan_values(cx: Context, report, progress, chunk_bytes):
     for name, s in stats.items():
         ti = ck.tensors[name]
         d = s.to_dict()
-        bad = d["nan"] + d["posinf"] + d["neginf"]
-        if bad and not _no_clip_bound(name, d):
+        if nonfinite_count(d) and not _no_clip_bound(name, d):
             cx.add("nonfinite-values", "error",
                    f"{name} holds {d['nan']} NaN, {d['posinf']} +Inf, {d['neginf']} -Inf of {d['count']} values"
                    f"{' (after dequantization)' if name in qinfo else ''}", tensor=name, file=ti.file)

@@ -158,7 +158,7 @@ class Stats:
             "mean": self.mean if fin else None, "std": math.sqrt(max(self.m2, 0.0) / fin) if fin else None,
             "absmax": max(abs(self.min), abs(self.max)) if fin else None,
             "nan": self.nan, "posinf": self.posinf, "neginf": self.neginf,
-            "zero_fraction": (self.zeros / self.n) if self.n else 0.0, "count": self.n,
+            "zero_frac": (self.zeros / self.n) if self.n else 0.0, "count": self.n,
         }
 
 
@@ -192,13 +192,22 @@ def _lut_e8m0() -> np.ndarray:
     return x
 
 
+def _fp8_fields(e_bits: int, m_bits: int):
+    """Every 8-bit float pattern: (exponent field, mantissa field, value in float64 with the
+    all-ones exponent still read as a normal number)."""
+    u = np.arange(256)
+    bias = (1 << (e_bits - 1)) - 1
+    sign = np.where(u & 0x80, -1.0, 1.0)
+    e = (u >> m_bits) & ((1 << e_bits) - 1)
+    m = u & ((1 << m_bits) - 1)
+    step = float(1 << m_bits)
+    v = np.where(e == 0, m / step * 2.0 ** (1 - bias), (1 + m / step) * 2.0 ** (e - float(bias))) * sign
+    return u, e, m, v
+
+
 def _lut_e4m3() -> np.ndarray:
     """FP8 E4M3 (nvfp4 scales) -> float32; S.1111.111 is NaN, no infinities."""
-    u = np.arange(256)
-    sign = np.where(u & 0x80, -1.0, 1.0)
-    e = (u >> 3) & 0xF
-    m = u & 0x7
-    v = np.where(e == 0, m / 8.0 * 2.0 ** -6, (1 + m / 8.0) * 2.0 ** (e - 7.0)) * sign
+    u, _, _, v = _fp8_fields(4, 3)
     v = v.astype(np.float32)
     v[(u & 0x7F) == 0x7F] = np.nan
     return v
@@ -206,12 +215,7 @@ def _lut_e4m3() -> np.ndarray:
 
 def _lut_e5m2() -> np.ndarray:
     """FP8 E5M2 -> float32 (IEEE-like: exponent 31 is Inf / NaN)."""
-    u = np.arange(256)
-    sign = np.where(u & 0x80, -1.0, 1.0)
-    e = (u >> 2) & 0x1F
-    m = u & 0x3
-    with np.errstate(over="ignore"):
-        v = np.where(e == 0, m / 4.0 * 2.0 ** -14, (1 + m / 4.0) * 2.0 ** (e - 15.0)) * sign
+    u, e, m, v = _fp8_fields(5, 2)
     v[(e == 31) & (m == 0)] = np.inf
     v[(e == 31) & (m == 0) & (u & 0x80 > 0)] = -np.inf
     v[(e == 31) & (m != 0)] = np.nan

@@ -30,6 +30,7 @@ from typing import Any
 import mlx.core as mx
 
 from workbench.dtypes import dtype_name
+from workbench.stats_schema import nonfinite_count
 from workbench.trace import stats as _stats
 
 CAUSES = ("injected", "nonfinite-input", "nonfinite-weight", "overflow", "invalid")
@@ -152,8 +153,8 @@ def diagnose(trace, step) -> Finding:
                 closest_before=closest, step=step)
 
     f.first_index = _first_bad_index(trace, op.name)
-    bad_in = [d for d in inputs if d["nan"] or d["posinf"] or d["neginf"]]
-    bad_w = [d for d in weights if d["nan"] or d["posinf"] or d["neginf"]]
+    bad_in = [d for d in inputs if nonfinite_count(d)]
+    bad_w = [d for d in weights if nonfinite_count(d)]
     range_w = [d for d in weights if d.get("out_of_range")]
 
     if step.intervened:

@@ -44,8 +44,10 @@ from typing import Sequence
 import mlx.core as mx
 import numpy as np
 
-#: keys of every stats dict, in display order
-KEYS = ("min", "max", "mean", "std", "absmax", "nan", "posinf", "neginf", "zero_frac", "headroom", "masked")
+from workbench.stats_schema import NONFINITE, TRACE_KEYS
+
+#: keys of every stats dict, in display order (the one schema: workbench/stats_schema.py)
+KEYS = TRACE_KEYS
 
 _FMAX = {mx.float16: float(mx.finfo(mx.float16).max), mx.bfloat16: float(mx.finfo(mx.bfloat16).max),
          mx.float32: float(mx.finfo(mx.float32).max)}
@@ -118,7 +120,7 @@ def finish(p: np.ndarray | None, n: int, dtype, e: np.ndarray | None = None) -> 
 def _finish(p: np.ndarray | None, n: int, dmax: float | None, e: np.ndarray | None = None) -> dict:
     """:func:`finish` given the dtype's largest finite value (None: not a float dtype)."""
     if p is None or n == 0:
-        return {k: (0 if k in ("nan", "posinf", "neginf", "masked") else None) for k in KEYS}
+        return {k: (0 if k in NONFINITE + ("masked",) else None) for k in KEYS}
     zeros = float(p[4])
     masked = 0
     if e is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workbench.dtypes import dtype_name
+from workbench.stats_schema import nonfinite_count
 from workbench.trace import stats as _stats
 
 #: the breakpoint that stops at the first op with a NaN or an infinity in its output
@@ -27,7 +28,7 @@ class Step:
     @property
     def nonfinite(self) -> bool:
         s = self.stats
-        return bool(s and (s["nan"] or s["posinf"] or s["neginf"]))
+        return bool(s and nonfinite_count(s))
 
     def to_dict(self) -> dict:
         return {"index": self.index, "name": self.name, "kind": self.kind, "layer": self.layer,

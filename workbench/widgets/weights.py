@@ -29,7 +29,7 @@ from workbench.widgets._render import GLOSSARY, abbr, fmt, table
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.(.+)$")
 GLOBAL = "·"
-STATS = ("std", "absmax", "mean", "min", "max", "zero_fraction")
+STATS = ("std", "absmax", "mean", "min", "max", "zero_frac")
 _BAD_CODES = {"missing-tensor": "✗"}
 #: the layer list's "·", said where it shows
 GLOSSARY_LAYER = f"{GLOBAL} = tensors outside the layers (embeddings, final norm)"
@@ -199,7 +199,7 @@ class WeightBrowser(W.VBox):
             rows = [(("html", abbr(k)), fmt(st.get(k))) for k in ("min", "max", "mean", "std", "absmax")]
             rows.append((("html", f"{abbr('NaN')} / {abbr('+inf')} / {abbr('−inf')}"),
                          f"{st.get('nan', 0)} / {st.get('posinf', 0)} / {st.get('neginf', 0)}"))
-            rows.append((("html", abbr("zeros")), f"{(st.get('zero_fraction') or 0):.2%}"))
+            rows.append((("html", abbr("zeros")), f"{(st.get('zero_frac') or 0):.2%}"))
             self.detail.append_display_data(HTML(table(rows)))
         v = self._values(t)
         if v is not None:
