@@ -14,4 +14,6 @@ from workbench.checkpoint.reader import Checkpoint, CheckpointError, Problem, Te
 __all__ = ["open_checkpoint", "Checkpoint", "CheckpointError", "TensorInfo", "QuantSpec", "Problem"]
 
 # The inspector is the submodule ``workbench.checkpoint.inspect`` (``inspect()``, ``Report``,
-# ``diff()``); ``workbench.inspect(path, values=False)`` is its entry point.
+# ``diff()``); ``workbench.inspect(path, values=False)`` is its entry point. Its parts:
+# checks.py (config against tensors), value_scan.py (``values=True``, statistics from
+# values.py, whose native kernels are values_native.c), render.py (text), compare.py (diff).
