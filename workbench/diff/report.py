@@ -14,6 +14,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from workbench.arrays import finite_or_none as _num, to_numpy  # noqa: F401  (to_numpy re-exported)
 from workbench.diff.layout import LayoutError, reconcile
 from workbench.diff.metrics import (Tolerance, describe_nonfinite, diverged, error_metrics, noise_limits,
                                     nonfinite_where, position_pattern, position_profile)
@@ -24,27 +25,6 @@ from workbench.patterns import UserRegex
 
 class DiffError(ValueError):
     """Input the diff cannot use (two engine tensors for one op, an empty dump, ...)."""
-
-
-
-
-
-
-def to_numpy(x: Any) -> np.ndarray:
-    """numpy or MLX array -> float32 numpy (bfloat16 included)."""
-    if isinstance(x, np.ndarray):
-        return x.astype(np.float32, copy=False)
-    if type(x).__module__.startswith("mlx"):
-        import mlx.core as mx
-
-        return np.array(x.astype(mx.float32))
-    return np.asarray(x, dtype=np.float32)
-
-
-def _num(x: float | None) -> float | None:
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return None
-    return float(x)
 
 
 def _local(o: "OpDiff") -> str:

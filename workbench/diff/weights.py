@@ -15,33 +15,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from workbench.arrays import finite_or_none, weight_values  # noqa: F401  (weight_values re-exported: diff.weight_values)
 from workbench.diff.layout import LayoutError, reconcile
 from workbench.diff.metrics import Tolerance, error_metrics, local_diverged, nonfinite_reasons
-
-
-def weight_values(model: Any, name: str) -> np.ndarray:
-    """A checkpoint weight as float32 numpy, dequantized when the checkpoint packs it.
-
-    ``name``: a tensor (``layers.0.mlp.up_proj.weight``) or a module
-    (``layers.0.mlp.up_proj``, meaning its ``.weight``); ``model``: a loaded model (or a
-    checkpoint reader).
-    """
-    import mlx.core as mx
-
-    ck = getattr(model, "checkpoint", model)
-    tensor = name if name.endswith((".weight", ".bias", ".scales", ".biases")) or name in ck else name + ".weight"
-    if tensor not in ck:
-        raise KeyError(f"the checkpoint has no tensor {tensor!r}")
-    arr = ck.load(tensor)
-    if tensor.endswith(".weight") and not mx.issubdtype(arr.dtype, mx.floating):
-        module = tensor[: -len(".weight")]
-        spec = ck.quant_of(module) if hasattr(ck, "quant_of") else None
-        if spec is None or f"{module}.scales" not in ck:
-            raise ValueError(f"{tensor} is stored as {arr.dtype} without a quantization to undo")
-        biases = ck.load(f"{module}.biases") if spec.has_biases and f"{module}.biases" in ck else None
-        arr = mx.dequantize(arr, ck.load(f"{module}.scales"), biases, group_size=spec.group_size,
-                            bits=spec.bits, mode=spec.mode)
-    return np.array(arr.astype(mx.float32))
 
 
 @dataclass
@@ -64,11 +40,9 @@ class WeightDiff:
         return self.status in ("diverged", "shape")
 
     def to_dict(self) -> dict[str, Any]:
-        from workbench.diff.report import _num
-
         return {"name": self.name, "engine_name": self.engine_name, "status": self.status,
                 "shape": list(self.shape), "engine_shape": list(self.engine_shape), "layout": self.layout,
-                "cosine": _num(self.cosine), "nmse": _num(self.nmse), "max_abs": _num(self.max_abs),
+                "cosine": finite_or_none(self.cosine), "nmse": finite_or_none(self.nmse), "max_abs": finite_or_none(self.max_abs),
                 "reasons": list(self.reasons)}
 
 

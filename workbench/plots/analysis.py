@@ -14,8 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from workbench.diff.report import to_numpy as _np
-from workbench.diff.weights import weight_values  # noqa: F401  (re-exported: plots.weight_values)
+from workbench.arrays import to_numpy, weight_values  # noqa: F401  (weight_values re-exported: plots.weight_values)
 
 _RESID = re.compile(r"^layers\.(\d+)$")
 
@@ -53,7 +52,7 @@ def residual_values(source: Any) -> dict[int, np.ndarray]:
     if not items:
         raise ValueError("no residual-stream values (ops named layers.{i}) found; capture them "
                          "(capture='full', or a pattern such as 're:layers\\.\\d+')")
-    return {k: _tokens_dim(_np(v)) for k, v in sorted(items.items())}
+    return {k: _tokens_dim(to_numpy(v)) for k, v in sorted(items.items())}
 
 
 @dataclass
@@ -91,7 +90,7 @@ def residual_norms(source: Any, embed: Any = None) -> ResidualNorms:
                 embed = source.value(first.inputs[0])
             except (KeyError, LookupError, ValueError):
                 embed = None
-    e = None if embed is None else np.sqrt(np.sum(_tokens_dim(_np(embed)).astype(np.float64) ** 2, axis=-1))
+    e = None if embed is None else np.sqrt(np.sum(_tokens_dim(to_numpy(embed)).astype(np.float64) ** 2, axis=-1))
     return ResidualNorms(layers=layers, norms=norms, embed=e)
 
 
@@ -201,7 +200,7 @@ def logit_lens(model: Any, source: Any = None, positions: Sequence[int] | None =
     for li in layers:
         v = raw[li]
         if not isinstance(v, mx.array):
-            v = mx.array(_np(v))
+            v = mx.array(to_numpy(v))
         logits = project(program, ctx, v, tail).astype(mx.float32)
         lg = np.array(logits).reshape(-1, logits.shape[-1])[positions]  # [P, V]
         lg = lg - lg.max(-1, keepdims=True)

@@ -13,7 +13,8 @@ import numpy as np
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
 
-from workbench.plots.analysis import LogitLens, ResidualNorms, _np, residual_norms
+from workbench.arrays import to_numpy
+from workbench.plots.analysis import LogitLens, ResidualNorms, residual_norms
 
 FP16_MAX = 65504.0
 
@@ -180,7 +181,7 @@ def activation_heatmap(x: Any, title: str | None = None, tokens: Sequence[str] |
     |x| so that a few outliers do not wash out the rest; the true min / max / absmax and
     non-finite counts are in the title.  NaN cells are black, +Inf magenta, -Inf cyan.
     """
-    a = _np(x)
+    a = to_numpy(x)
     shape = list(a.shape)
     while a.ndim > 2 and a.shape[0] == 1:
         a = a[0]
@@ -240,7 +241,7 @@ def attention_pattern(weights: Any, head: int = 0, tokens: Sequence[str] | None 
     Probabilities have no sign: a sequential map, white (0) to dark blue (1).  Masked cells
     (exactly 0: a later key, or outside a sliding window) are hatched, non-finite ones magenta.
     """
-    a = _np(weights)
+    a = to_numpy(weights)
     while a.ndim > 3 and a.shape[0] == 1:
         a = a[0]
     if a.ndim == 3:
@@ -334,7 +335,7 @@ def weight_histogram(w: Any, name: str = "weight", bins: int = 120, max_samples:
     Tensors above ``max_samples`` elements are histogrammed on a fixed random sample;
     the statistics in the box are over every element.
     """
-    a = _np(w).ravel()
+    a = to_numpy(w).ravel()
     fin = np.isfinite(a)
     nonfin = int((~fin).sum())
     v = a[fin]

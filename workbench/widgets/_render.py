@@ -15,14 +15,12 @@ from functools import lru_cache
 
 import numpy as np
 
-from workbench.stats_schema import MEANING, SUMMARY
-
 FP16_MAX = 65504.0
 BF16_MAX = 3.3895313892515355e38
 
 
 @lru_cache(maxsize=8)
-def _lut(cmap: str) -> np.ndarray:
+def colour_table(cmap: str) -> np.ndarray:
     """256 x 3 uint8 colour table from a matplotlib colormap (imported once, lazily)."""
     from matplotlib import colormaps
     cm = colormaps[cmap]
@@ -114,7 +112,7 @@ def heatmap(a: np.ndarray, cmap: str = "RdBu_r", symmetric: bool = True, vmax: f
         hi = float(vmax if vmax is not None else (vals.max() if vals.size else 1.0))
         x = (vals - lo) / ((hi - lo) or 1.0)
     idx = np.clip((x * 255.0).round(), 0, 255).astype(np.uint8)
-    rgb = _lut(cmap)[idx]
+    rgb = colour_table(cmap)[idx]
     rgb[~finite] = (0, 255, 0)
     rows, cols = a.shape
     sx = max(1, min(16, target_width // max(1, cols)))
@@ -132,14 +130,18 @@ def heatmap_png(a: np.ndarray, cmap: str = "RdBu_r", symmetric: bool = True, tar
 
 #: every abbreviation the widgets show, explained once (tooltips via :func:`abbr`, legends via :func:`glossary`)
 GLOSSARY = {
-    **{k: MEANING[k] for k in SUMMARY},
-    "zeros": MEANING["zero_frac"],
-    "zero_frac": MEANING["zero_frac"],
+    "min": "smallest finite value",
+    "max": "largest finite value",
+    "mean": "average of the finite values",
+    "std": "standard deviation: the typical distance of a value from the mean",
+    "absmax": "absolute maximum: the largest |value|",
+    "zeros": "fraction of values exactly 0",
+    "zero_fraction": "fraction of values exactly 0",
     "NaN": "not a number (e.g. 0/0, inf - inf); it spreads through every op that reads it",
     "+inf": "positive infinity (a value beyond the dtype's largest finite number)",
     "−inf": "negative infinity",
     "-inf": "negative infinity",
-    "headroom": MEANING["headroom"],
+    "headroom": "absmax as a fraction of the dtype's largest finite value; near 100% is about to overflow",
     "fp16": "float16: 16-bit floats, largest finite value 65504",
     "bf16": "bfloat16: 16-bit floats with float32's range (largest ~3.4e38) and fewer digits",
     "RMS": "root mean square: sqrt(mean(x²))",

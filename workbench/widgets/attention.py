@@ -263,9 +263,9 @@ _CSS = """
 
 
 def _palette(cmap: str = CMAP) -> list[str]:
-    from workbench.widgets._render import _lut
+    from workbench.widgets._render import colour_table
 
-    return ["#%02x%02x%02x" % tuple(int(c) for c in rgb) for rgb in _lut(cmap)]
+    return ["#%02x%02x%02x" % tuple(int(c) for c in rgb) for rgb in colour_table(cmap)]
 
 
 def _as_heads(pattern) -> np.ndarray:

@@ -38,7 +38,7 @@ import ipywidgets as W
 import numpy as np
 
 from workbench.widgets._actions import Actions
-from workbench.widgets._render import (BF16_MAX, _lut, FP16_MAX, abbr, as_2d, fmt, headroom_bar, heatmap, shape_str,
+from workbench.widgets._render import (BF16_MAX, colour_table, FP16_MAX, abbr, as_2d, fmt, headroom_bar, heatmap, shape_str,
                                        table)
 from workbench.widgets.attention import AttentionView, decoded_tokens, module_note, softmax_op, token_labels
 
@@ -69,7 +69,7 @@ class StepDebugger(W.VBox):
         self.trace = trace
         self.tokens = tokens if tokens is not None else self._tokens()
         self.last_update_s = 0.0
-        _lut("RdBu_r"), _lut("Blues")  # colour tables ready before the first click
+        colour_table("RdBu_r"), colour_table("Blues")  # colour tables ready before the first click
 
         b = lambda desc, icon, cls, tip: self._button(desc, icon, cls, tip)  # noqa: E731
         self.back_button = b("back", "step-backward", "wb-back", "undo the last op")
