@@ -15,6 +15,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from workbench.stats_schema import MEANING, SUMMARY
+
 FP16_MAX = 65504.0
 BF16_MAX = 3.3895313892515355e38
 
@@ -130,18 +132,14 @@ def heatmap_png(a: np.ndarray, cmap: str = "RdBu_r", symmetric: bool = True, tar
 
 #: every abbreviation the widgets show, explained once (tooltips via :func:`abbr`, legends via :func:`glossary`)
 GLOSSARY = {
-    "min": "smallest finite value",
-    "max": "largest finite value",
-    "mean": "average of the finite values",
-    "std": "standard deviation: the typical distance of a value from the mean",
-    "absmax": "absolute maximum: the largest |value|",
-    "zeros": "fraction of values exactly 0",
-    "zero_fraction": "fraction of values exactly 0",
+    **{k: MEANING[k] for k in SUMMARY},
+    "zeros": MEANING["zero_frac"],
+    "zero_frac": MEANING["zero_frac"],
     "NaN": "not a number (e.g. 0/0, inf - inf); it spreads through every op that reads it",
     "+inf": "positive infinity (a value beyond the dtype's largest finite number)",
     "−inf": "negative infinity",
     "-inf": "negative infinity",
-    "headroom": "absmax as a fraction of the dtype's largest finite value; near 100% is about to overflow",
+    "headroom": MEANING["headroom"],
     "fp16": "float16: 16-bit floats, largest finite value 65504",
     "bf16": "bfloat16: 16-bit floats with float32's range (largest ~3.4e38) and fewer digits",
     "RMS": "root mean square: sqrt(mean(x²))",
