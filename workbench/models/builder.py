@@ -42,6 +42,10 @@ def softcap(x, cap):
     return mx.tanh(x / cap) * cap
 
 
+#: a gated MLP's activation name -> its fused kernel
+_GLU = {"silu": swiglu, "gelu_approx": geglu}
+
+
 # --------------------------------------------------------------------------- builder
 
 class Builder:
@@ -221,6 +225,16 @@ class Builder:
                 o = p @ v
             return o.transpose(0, 2, 1, 3).reshape(B, T, -1)
         return self.op(name, "attend", fn, [p, v], num_heads=n_heads, head_dim=head_dim, **attrs)
+
+    # -- blocks
+    def gated_mlp(self, module: str, h: str, activation: str) -> str:
+        """``down_proj(act(gate_proj(h)) * up_proj(h))`` under ``module`` (ops gate_proj,
+        up_proj, act, down_proj); ``activation``: "silu" (SwiGLU) or "gelu_approx" (GeGLU)."""
+        glu = _GLU[activation]
+        g = self.linear(f"{module}.gate_proj", h)
+        u = self.linear(f"{module}.up_proj", h)
+        a = self.op(f"{module}.act", "glu", lambda ctx, g, u: glu(g, u), [g, u], activation=activation)
+        return self.linear(f"{module}.down_proj", a)
 
     def lm_head(self, x: str, tie: bool = True) -> str:
         """``lm_head``: the checkpoint's lm_head when it has one, else the tied embeddings

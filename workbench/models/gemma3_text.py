@@ -28,7 +28,7 @@ from functools import partial
 import mlx.core as mx
 
 from workbench.checkpoint import arch
-from workbench.models.builder import Builder, geglu, softcap
+from workbench.models.builder import Builder, softcap
 from workbench.models.model import BaseConfig
 from workbench.models.rope import rope_params
 
@@ -96,11 +96,7 @@ def attention(b: Builder, cfg: Config, i: int, h: str, rope: dict) -> str:
 
 
 def mlp(b: Builder, i: int, h: str) -> str:
-    m = f"layers.{i}.mlp"
-    g = b.linear(f"{m}.gate_proj", h)
-    u = b.linear(f"{m}.up_proj", h)
-    a = b.op(f"{m}.act", "glu", lambda ctx, g, u: geglu(g, u), [g, u], activation="gelu_approx")
-    return b.linear(f"{m}.down_proj", a)
+    return b.gated_mlp(f"layers.{i}.mlp", h, "gelu_approx")
 
 
 def build(cfg: Config, b: Builder):

@@ -153,11 +153,7 @@ def attention(b: Builder, cfg: Config, i: int, h: str, rope: dict) -> str:
 # --------------------------------------------------------------------------- feed-forward
 
 def mlp(b: Builder, i: int, h: str) -> str:
-    m = f"layers.{i}.mlp"
-    g = b.linear(f"{m}.gate_proj", h)
-    u = b.linear(f"{m}.up_proj", h)
-    a = b.op(f"{m}.act", "glu", lambda ctx, g, u: geglu(g, u), [g, u], activation="gelu_approx")
-    return b.linear(f"{m}.down_proj", a)
+    return b.gated_mlp(f"layers.{i}.mlp", h, "gelu_approx")
 
 
 def router(b: Builder, cfg: Config, i: int, x: str) -> tuple[str, str]:

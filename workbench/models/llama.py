@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workbench.checkpoint import arch
-from workbench.models.builder import Builder, swiglu
+from workbench.models.builder import Builder
 from workbench.models.model import BaseConfig
 from workbench.models.rope import rope_params
 
@@ -76,11 +76,7 @@ def attention(b: Builder, cfg: Config, i: int, h: str, rope: dict) -> str:
 
 
 def mlp(b: Builder, i: int, h: str) -> str:
-    m = f"layers.{i}.mlp"
-    g = b.linear(f"{m}.gate_proj", h)
-    u = b.linear(f"{m}.up_proj", h)
-    a = b.op(f"{m}.act", "glu", lambda ctx, g, u: swiglu(g, u), [g, u], activation="silu")
-    return b.linear(f"{m}.down_proj", a)
+    return b.gated_mlp(f"layers.{i}.mlp", h, "silu")
 
 
 def build(cfg: Config, b: Builder):

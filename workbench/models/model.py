@@ -13,6 +13,7 @@ import mlx.core as mx
 from workbench.dtypes import dtype_name, parse_dtype
 from workbench.models.feeds import KVCache, make_feeds
 from workbench.program import Program
+from workbench.text import TextCodec
 
 
 # --------------------------------------------------------------------------- config
@@ -138,7 +139,7 @@ class Context:
 
 # --------------------------------------------------------------------------- model
 
-class Model:
+class Model(TextCodec):
     """A checkpoint, its op program and what is needed to run it.
 
     ``execute(model.program, model.context(...), model.feeds(ids))["logits"]``
@@ -176,19 +177,6 @@ class Model:
             if mx.issubdtype(dt, mx.floating):
                 return dt
         return mx.float32
-
-    # -- tokenizer
-    def encode(self, text: str) -> list[int]:
-        if self.tokenizer is None:
-            raise ValueError("this checkpoint has no tokenizer.json: pass token ids instead of text")
-        return list(self.tokenizer.encode(text).ids)
-
-    def decode(self, ids) -> str:
-        if self.tokenizer is None:
-            raise ValueError("this checkpoint has no tokenizer.json")
-        if isinstance(ids, mx.array):
-            ids = ids.tolist()
-        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
     # -- running
     def weights(self, dtype=None) -> Weights:

@@ -24,6 +24,7 @@ import mlx.nn as nn
 from workbench import registry
 from workbench.dtypes import dtype_name, parse_dtype
 from workbench.reference import recorder as R
+from workbench.text import TextCodec
 from workbench.trace.modules import ModuleTrace
 from workbench.trace.entry import prepare_ids
 from workbench.trace.step import TraceError
@@ -144,7 +145,7 @@ def _restore(cache, snap) -> None:
         vars(c).update({k: R.copy_array(v) if not isinstance(v, (list, dict)) else copy.copy(v) for k, v in d.items()})
 
 
-class ReferenceModel:
+class ReferenceModel(TextCodec):
     """A checkpoint opened by its reference implementation, traced module by module."""
 
     granularity = "module"
@@ -215,19 +216,6 @@ class ReferenceModel:
         if self.library == "mlx_vlm":
             return module(ids, cache=cache, **dict(extra or {}))
         return module(ids, cache=cache)
-
-    # -- tokenizer
-    def encode(self, text: str) -> list[int]:
-        if self.tokenizer is None:
-            raise ValueError("this checkpoint has no tokenizer.json: pass token ids instead of text")
-        return list(self.tokenizer.encode(text).ids)
-
-    def decode(self, ids) -> str:
-        if self.tokenizer is None:
-            raise ValueError("this checkpoint has no tokenizer.json")
-        if isinstance(ids, mx.array):
-            ids = ids.tolist()
-        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
     # -- running
     def make_cache(self):
