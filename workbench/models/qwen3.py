@@ -16,9 +16,8 @@ from dataclasses import dataclass
 
 from workbench.checkpoint import arch
 from workbench.models.builder import Builder
-from workbench.models.model import BaseConfig
+from workbench.models.llama import Config as LlamaConfig, mlp, windows
 from workbench.models.rope import rope_params
-from workbench.models.llama import mlp, windows
 
 FAMILY = "qwen3"
 MODEL_TYPES = ("qwen3",)
@@ -27,22 +26,10 @@ KEYS = arch.KEYS[FAMILY]
 
 
 @dataclass
-class Config(BaseConfig):
-    """What the program reads (``Arch.spec``), as Llama's; sliding layers (transformers'
-    use_sliding_window / max_window_layers, or layer_types) attend within sliding_window."""
-
-    hidden_size: int
-    num_hidden_layers: int
-    intermediate_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    vocab_size: int
-    rope: dict
-    tie_word_embeddings: bool
-    layer_types: list
-    sliding_window: int | None
+class Config(LlamaConfig):
+    """What the program reads (``Arch.spec``): Llama's fields (``rope_traditional`` stays
+    False); sliding layers (transformers' use_sliding_window / max_window_layers, or
+    layer_types) attend within sliding_window."""
 
 
 def attention(b: Builder, cfg: Config, i: int, h: str, rope: dict) -> str:
