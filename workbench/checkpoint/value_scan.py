@@ -23,43 +23,11 @@ def scan_values(cx: Context, report, progress, chunk_bytes):
     """Statistics of every tensor's values: ({source name: Stats}, {quantized weight: (spec,
     scales info, biases info)}); problems and notes go to ``cx`` and ``report``."""
     ck = cx.ck
-    # quantized weights: source name -> (spec, scales info, biases info)
-    qinfo = {}
-    for cn, ti in ck.canonical.items():
-        if cn.endswith(".weight") and ti.dtype == "U32" and ti.part is None:
-            mod = cn[: -len(".weight")]
-            sc = ck.canonical.get(mod + ".scales")
-            if sc is None:
-                continue
-            spec = ck.quant_of(mod)
-            if spec is None:
-                continue
-            if mod + ".global_scale" in ck.canonical:
-                continue  # per-expert tensor scale on top: raw values scanned (noted)
-            bi = ck.canonical.get(mod + ".biases") if spec.mode == "affine" else None
-            if spec.mode == "affine" and (bi is None or sc.dtype not in FLOATS or bi.dtype not in FLOATS):
-                continue  # cannot be dequantized as stored (reported by the checks): raw values scanned
-            if sc.source_name in ck.sfiles[sc.file].truncated or (bi and bi.source_name in ck.sfiles[bi.file].truncated):
-                continue
-            if (ti.shape[-1] * 32) % spec.bits or tuple(sc.shape[:-1]) != tuple(ti.shape[:-1]):
-                continue
-            if bi is not None and tuple(bi.shape) != tuple(sc.shape):
-                continue
-            qinfo[ti.source_name] = (spec, sc, bi)
+    qinfo = _dequantizable(ck)
     # uint8 scales of the microscaling modes are floats: E8M0 (mxfp4/8) or E4M3 (nvfp4)
     scale_fmt = {sc.source_name: ("E4M3" if spec.mode == "nvfp4" else "E8M0")
                  for spec, sc, bi in qinfo.values() if sc.dtype == "U8"}
-    total = sum(ti.nbytes for ti in ck.tensors.values())
-    bar = None
-    if progress is None:
-        progress = sys.stderr.isatty()
-    if progress:
-        try:
-            from tqdm import tqdm
-
-            bar = tqdm(total=total, unit="B", unit_scale=True, desc="values", leave=False, file=sys.stderr)
-        except ImportError:  # pragma: no cover
-            bar = None
+    bar = _progress_bar(progress, sum(ti.nbytes for ti in ck.tensors.values()))
     stats = {}
     workers = max(1, min(4, os.cpu_count() or 1))
     pool = cf.ThreadPoolExecutor(workers)
@@ -128,6 +96,58 @@ def scan_values(cx: Context, report, progress, chunk_bytes):
         pool.shutdown(wait=True)
         if bar is not None:
             bar.close()
+    _report_values(cx, report, stats, failed, qinfo)
+    return stats, qinfo
+
+
+def _dequantizable(ck) -> dict:
+    """Quantized weights whose values can be dequantized as stored: source name -> (spec,
+    scales info, biases info). Others (no spec, a global scale on top, companions of the
+    wrong dtype or shape, truncated) have their raw values scanned."""
+    qinfo = {}
+    for cn, ti in ck.canonical.items():
+        if cn.endswith(".weight") and ti.dtype == "U32" and ti.part is None:
+            mod = cn[: -len(".weight")]
+            sc = ck.canonical.get(mod + ".scales")
+            if sc is None:
+                continue
+            spec = ck.quant_of(mod)
+            if spec is None:
+                continue
+            if mod + ".global_scale" in ck.canonical:
+                continue  # per-expert tensor scale on top: raw values scanned (noted)
+            bi = ck.canonical.get(mod + ".biases") if spec.mode == "affine" else None
+            if spec.mode == "affine" and (bi is None or sc.dtype not in FLOATS or bi.dtype not in FLOATS):
+                continue  # cannot be dequantized as stored (reported by the checks): raw values scanned
+            if sc.source_name in ck.sfiles[sc.file].truncated or (bi and bi.source_name in ck.sfiles[bi.file].truncated):
+                continue
+            if (ti.shape[-1] * 32) % spec.bits or tuple(sc.shape[:-1]) != tuple(ti.shape[:-1]):
+                continue
+            if bi is not None and tuple(bi.shape) != tuple(sc.shape):
+                continue
+            qinfo[ti.source_name] = (spec, sc, bi)
+    return qinfo
+
+
+def _progress_bar(progress, total: int):
+    """A tqdm bar over ``total`` bytes on stderr (by default only when it is a terminal), or None."""
+    bar = None
+    if progress is None:
+        progress = sys.stderr.isatty()
+    if progress:
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(total=total, unit="B", unit_scale=True, desc="values", leave=False, file=sys.stderr)
+        except ImportError:  # pragma: no cover
+            bar = None
+    return bar
+
+
+def _report_values(cx, report, stats, failed, qinfo):
+    """Tensors whose statistics failed become notes (and leave ``stats``); NaN / Inf, except a
+    clip bound's "no clipping" infinity, become ``nonfinite-values`` problems."""
+    ck = cx.ck
     for name, e in failed.items():
         stats.pop(name, None)
         ti = ck.tensors[name]
@@ -139,7 +159,6 @@ def scan_values(cx: Context, report, progress, chunk_bytes):
             cx.add("nonfinite-values", "error",
                    f"{name} holds {d['nan']} NaN, {d['posinf']} +Inf, {d['neginf']} -Inf of {d['count']} values"
                    f"{' (after dequantization)' if name in qinfo else ''}", tensor=name, file=ti.file)
-    return stats, qinfo
 
 
 #: clip bounds (transformers' Gemma4ClippableLinear buffers): +Inf as an upper bound or -Inf
