@@ -246,6 +246,13 @@ class Builder:
                              "tie_word_embeddings is false)")
         return self.linear("lm_head", x, path="embed_tokens", tied=True)
 
+    def logits(self, x: str, cap: float | None = None) -> str:
+        """The ``logits`` op, the program's last: ``x`` as it is, or soft-capped
+        (``tanh(x / cap) * cap``, attrs ``cap``) when ``cap`` is set."""
+        if cap:
+            return self.op("logits", "softcap", lambda ctx, x: softcap(x, cap), [x], cap=cap)
+        return self.identity("logits", x)
+
     def identity(self, name: str, x: str, kind: str = "output", **attrs) -> str:
         return self.op(name, kind, lambda ctx, x: x, [x], **attrs)
 

@@ -28,7 +28,7 @@ from functools import partial
 import mlx.core as mx
 
 from workbench.checkpoint import arch
-from workbench.models.builder import Builder, softcap
+from workbench.models.builder import Builder
 from workbench.models.model import BaseConfig
 from workbench.models.rope import rope_params
 
@@ -116,9 +116,5 @@ def build(cfg: Config, b: Builder):
         x = residual(b, L, x, r)
     x = b.rmsnorm("norm", x, eps, plus_one=True)
     x = b.lm_head(x, tie=cfg.tie_word_embeddings)
-    cap = cfg.final_logit_softcapping
-    if cap:
-        b.op("logits", "softcap", lambda ctx, x: softcap(x, cap), [x], cap=cap)
-    else:
-        b.identity("logits", x)
+    b.logits(x, cap=cfg.final_logit_softcapping)
     return b.program(["input_ids", "rope_offset", "attn_mask", "attn_mask_sliding"])

@@ -31,7 +31,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from workbench.checkpoint import arch
-from workbench.models.builder import Builder, geglu, softcap
+from workbench.models.builder import Builder, geglu
 from workbench.models.model import BaseConfig
 from workbench.models.rope import rope_params
 
@@ -276,9 +276,5 @@ def build(cfg: Config, b: Builder):
         x = layer(b, cfg, i, x, pli, rope)
     x = b.rmsnorm("norm", x, cfg.rms_norm_eps)
     x = b.lm_head(x, tie=cfg.tie_word_embeddings)
-    cap = cfg.final_logit_softcapping
-    if cap:
-        b.op("logits", "softcap", lambda ctx, x: softcap(x, cap), [x], cap=cap)
-    else:
-        b.identity("logits", x)
+    b.logits(x, cap=cfg.final_logit_softcapping)
     return b.program(["input_ids", "rope_offset", "attn_mask", "attn_mask_sliding"])

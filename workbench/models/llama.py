@@ -79,7 +79,8 @@ def mlp(b: Builder, i: int, h: str) -> str:
     return b.gated_mlp(f"layers.{i}.mlp", h, "silu")
 
 
-def build(cfg: Config, b: Builder):
+def build(cfg: Config, b: Builder, attention=attention):
+    """The op program; ``attention``: the block's attention (Qwen3 passes its own)."""
     rope = rope_params(cfg.head_dim, cfg.rope["full_attention"], cfg.rope_traditional)
     x = b.embedding("embed_tokens", "input_ids")
     for i in range(cfg.num_hidden_layers):
@@ -89,5 +90,5 @@ def build(cfg: Config, b: Builder):
         x = b.add(f"layers.{i}", x, mlp(b, i, h))
     x = b.rmsnorm("norm", x, cfg.rms_norm_eps)
     x = b.lm_head(x, tie=cfg.tie_word_embeddings)
-    b.identity("logits", x)
+    b.logits(x)
     return b.program(["input_ids", "rope_offset", *windows(cfg)])

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 
 from workbench.checkpoint import arch
 from workbench.models.builder import Builder
-from workbench.models.llama import Config as LlamaConfig, mlp, windows
-from workbench.models.rope import rope_params
+from workbench.models.llama import Config as LlamaConfig, build as llama_build, windows  # noqa: F401  (windows: this family's)
 
 FAMILY = "qwen3"
 MODEL_TYPES = ("qwen3",)
@@ -50,14 +49,5 @@ def attention(b: Builder, cfg: Config, i: int, h: str, rope: dict) -> str:
 
 
 def build(cfg: Config, b: Builder):
-    rope = rope_params(cfg.head_dim, cfg.rope["full_attention"])
-    x = b.embedding("embed_tokens", "input_ids")
-    for i in range(cfg.num_hidden_layers):
-        h = b.rmsnorm(f"layers.{i}.input_layernorm", x, cfg.rms_norm_eps)
-        x = b.add(f"layers.{i}.attn_residual", x, attention(b, cfg, i, h, rope))
-        h = b.rmsnorm(f"layers.{i}.post_attention_layernorm", x, cfg.rms_norm_eps)
-        x = b.add(f"layers.{i}", x, mlp(b, i, h))
-    x = b.rmsnorm("norm", x, cfg.rms_norm_eps)
-    x = b.lm_head(x, tie=cfg.tie_word_embeddings)
-    b.identity("logits", x)
-    return b.program(["input_ids", "rope_offset", *windows(cfg)])
+    """Llama's program with Qwen3's attention."""
+    return llama_build(cfg, b, attention=attention)
