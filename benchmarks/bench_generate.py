@@ -16,7 +16,9 @@ tokens after the same ``--prompt``-token prompt, prefill included:
 Prints tokens/s and each variant's tokens/s as a fraction of mlx-lm's (issue 11.5 target:
 stats >= 0.85), and checks that every variant produced the same tokens.  ``--clock cpu``
 times this process's CPU time (all threads: steadier on a shared machine, and it counts
-the background statistics thread in full, so it is pessimistic for stats).
+the background statistics thread in full, so it is pessimistic for stats).  On a shared
+machine also set ``OPENBLAS_NUM_THREADS=1``: a contended multi-threaded BLAS spins, and
+its spinning is counted as CPU time (it made every variant 3-10x slower and noisier here).
 """
 from __future__ import annotations
 
