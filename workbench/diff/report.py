@@ -84,6 +84,12 @@ class OpDiff:
     def is_divergence(self) -> bool:
         return self.status in ("diverged", "shape")
 
+    @property
+    def position_reading(self) -> str | None:
+        """A one-line reading of ``position_error`` when it has a clear shape (see
+        :func:`workbench.diff.metrics.position_pattern`), else None."""
+        return None if self.position_error is None else position_pattern(self.position_error)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "op": self.op, "engine_name": self.engine_name, "index": self.index, "layer": self.layer,
@@ -164,7 +170,7 @@ class DiffReport:
             d["inputs"] = [{"op": s, "status": by.get(s, "not compared")} for s in self.inputs[fd.op]]
         if fd.position_error is not None:
             d["positions"] = {"error": [_num(float(x)) for x in fd.position_error],
-                              "pattern": position_pattern(fd.position_error),
+                              "pattern": fd.position_reading,
                               "nonfinite": None if fd.nonfinite is None else fd.nonfinite["per_row"]}
         if fd.nonfinite is not None:
             d["nonfinite"] = fd.nonfinite

@@ -492,9 +492,7 @@ def position_error_map(report: Any, tokens: Sequence[str] | None = None, title: 
     ax.set_ylabel("op (execution order)")
     pat = None
     if fd is not None and fd.position_error is not None:
-        from workbench.diff.metrics import position_pattern
-
-        pat = position_pattern(fd.position_error)
+        pat = fd.position_reading  # the diff's reading of its own profile (plots read data objects)
     if title is None:
         import textwrap
 
