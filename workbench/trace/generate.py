@@ -163,8 +163,9 @@ def generate(model, prompt, max_tokens: int = 16, capture="stats", dtype=None, *
 
     ``prompt``: text, token ids, or a batch of either (left padded).  ``stop``: token ids
     ending a (single-sequence) generation early.  ``temperature`` 0 (the default) is greedy;
-    above 0 tokens are sampled (``top_p`` in (0, 1], ``top_k`` >= 0, 0 = off) with the
-    random keys of ``seed`` (see the module docstring: the same tokens as mlx-lm's).
+    above 0 tokens are sampled (``top_p`` in (0, 1], ``top_k`` >= 0, 0 = off; a ``top_k`` at
+    or above the vocabulary keeps every token, where mlx-lm refuses it) with the random keys
+    of ``seed`` (see the module docstring: the same tokens as mlx-lm's).
     """
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, Integral) or max_tokens < 1:
         raise ValueError(f"max_tokens must be an integer >= 1, not {max_tokens!r}")
