@@ -118,8 +118,7 @@ def embed(b: Builder, cfg: Config) -> tuple[str, str | None]:
     p = b.op("per_layer_projection_scale", "scale", lambda ctx, p: unflatten(p * cfg.hidden_size ** -0.5),
              [p], factor=cfg.hidden_size ** -0.5)
     p = b.rmsnorm("per_layer_projection_norm", p, cfg.rms_norm_eps)
-    pli = b.op("per_layer_inputs", "add", lambda ctx, p, e: (p + e) * 2.0 ** -0.5, [p, e], factor=2.0 ** -0.5)
-    return x, pli
+    return x, b.op("per_layer_inputs", "add", lambda ctx, p, e: (p + e) * 2.0 ** -0.5, [p, e], factor=2.0 ** -0.5)
 
 
 # --------------------------------------------------------------------------- attention
@@ -240,26 +239,26 @@ def feed_forward(b: Builder, cfg: Config, i: int, x: str) -> str:
 
 # --------------------------------------------------------------------------- layers
 
-def per_layer_input(b: Builder, cfg: Config, i: int, x: str, pli: str) -> str:
+def per_layer_input(b: Builder, cfg: Config, i: int, x: str, per_layer_inputs: str) -> str:
     """Gate the layer's PLE vector into the residual stream."""
     L = f"layers.{i}"
     g = b.linear(f"{L}.per_layer_input_gate", x)
     g = b.op(f"{L}.per_layer_input_act", "glu",
-             lambda ctx, g, pli: mx.multiply(nn.gelu_approx(g), pli[:, :, i, :]), [g, pli],
+             lambda ctx, g, inputs: mx.multiply(nn.gelu_approx(g), inputs[:, :, i, :]), [g, per_layer_inputs],
              activation="gelu_approx")
     g = b.linear(f"{L}.per_layer_projection", g)
     g = b.rmsnorm(f"{L}.post_per_layer_input_norm", g, cfg.rms_norm_eps)
     return b.add(f"{L}.per_layer_residual", x, g)
 
 
-def layer(b: Builder, cfg: Config, i: int, x: str, pli: str | None, rope: dict) -> str:
+def layer(b: Builder, cfg: Config, i: int, x: str, per_layer_inputs: str | None, rope: dict) -> str:
     L, eps = f"layers.{i}", cfg.rms_norm_eps
     h = b.rmsnorm(f"{L}.input_layernorm", x, eps)
     h = b.rmsnorm(f"{L}.post_attention_layernorm", attention(b, cfg, i, h, rope), eps)
     x = b.add(f"{L}.attn_residual", x, h)
     x = b.add(f"{L}.ffn_residual", x, feed_forward(b, cfg, i, x))
-    if pli is not None:
-        x = per_layer_input(b, cfg, i, x, pli)
+    if per_layer_inputs is not None:
+        x = per_layer_input(b, cfg, i, x, per_layer_inputs)
     ls = f"{L}.layer_scalar"
     if b.has(ls):
         return b.op(L, "scale", lambda ctx, x: x * ctx.weights[ls], [x], [ls])
@@ -271,9 +270,9 @@ def build(cfg: Config, b: Builder):
     for kind, p in cfg.rope.items():  # one table per layer type, at that type's head_dim
         if kind in cfg.layer_types:
             rope[kind] = rope_params(cfg.head_dims[cfg.layer_types.index(kind)], p)
-    x, pli = embed(b, cfg)
+    x, per_layer_inputs = embed(b, cfg)
     for i in range(cfg.num_hidden_layers):
-        x = layer(b, cfg, i, x, pli, rope)
+        x = layer(b, cfg, i, x, per_layer_inputs, rope)
     x = b.rmsnorm("norm", x, cfg.rms_norm_eps)
     x = b.lm_head(x, tie=cfg.tie_word_embeddings)
     b.logits(x, cap=cfg.final_logit_softcapping)

@@ -72,8 +72,8 @@ class ModuleTrace(Trace):
         self._ready = True
 
     # -- interventions live in the recording
-    def add_intervention(self, iv: Intervention) -> None:
-        super().add_intervention(iv)
+    def add_intervention(self, intervention: Intervention) -> None:
+        super().add_intervention(intervention)
         if self._ready:
             self._rerecord()
 

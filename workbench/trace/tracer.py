@@ -132,14 +132,14 @@ class Trace:
     def clear_breakpoints(self) -> None:
         self.breakpoints.clear()
 
-    def add_intervention(self, iv: Intervention) -> None:
+    def add_intervention(self, intervention: Intervention) -> None:
         """Applies to ops executed from now on (use a new trace to change past ones)."""
-        names = self.program.match(iv.pattern)
+        names = self.program.match(intervention.pattern)
         if not names:
-            raise TraceError(f"intervention {iv.label!r} matches no op of this program")
-        self._interventions.append(iv)
+            raise TraceError(f"intervention {intervention.label!r} matches no op of this program")
+        self._interventions.append(intervention)
         for n in names:
-            self._iv_by_op.setdefault(n, []).append(iv)
+            self._iv_by_op.setdefault(n, []).append(intervention)
 
     # ------------------------------------------------------------------ properties
     @property
