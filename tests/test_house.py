@@ -132,3 +132,12 @@ def test_no_module_reads_another_modules_underscore_names():
                 if owner in aliases and aliases[owner] != mod:
                     bad.append(f"{mod}:{node.lineno} reads {aliases[owner]}.{node.attr}")
     assert not bad, "\n".join(bad)
+
+
+def test_plots_read_data_objects_only():
+    # docs/design.md: plots depend on data objects (and the small shared modules), never on
+    # the code that makes them
+    bad = [f"{m} imports {t}" for m in MODULES if m.startswith("workbench.plots")
+           for t in _edges(m) if t.startswith(("workbench.diff", "workbench.trace", "workbench.widgets",
+                                               "workbench.models", "workbench.reference"))]
+    assert not bad, "\n".join(bad)
