@@ -77,6 +77,10 @@ class Program:
     def __iter__(self):
         return iter(self.ops)
 
+    def __contains__(self, name) -> bool:
+        """``"layers.0.mlp" in program``: an op of that name."""
+        return name in self._index
+
     def __getitem__(self, key):
         if isinstance(key, str):
             return self.ops[self._index[key]]

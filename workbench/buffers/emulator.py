@@ -351,7 +351,7 @@ class Emulator:
             raise ValueError(f"barriers must be 'auto', 'none' or 'all', got {barriers!r}")
         commits, skips = set(commit_after), set(skip_barriers)
         for arg, names in (("commit_after", commits), ("skip_barriers", skips)):
-            unknown = sorted(n for n in names if n not in self.program._index)
+            unknown = sorted(n for n in names if n not in self.program)
             if unknown:
                 near = get_close_matches(unknown[0], self.program.names, n=1)
                 hint = f" (did you mean {near[0]!r}?)" if near else ""
