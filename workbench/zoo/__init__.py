@@ -6,7 +6,7 @@ name layout, single-file or sharded, clean or broken, written on the fly.
     path = zoo.build("qwen3", tmp / "q3", broken="missing-tensor")
 
 Tensors are generated from workbench.checkpoint.arch (our own architecture knowledge);
-the tests prove that mlx-lm loads every clean checkpoint strictly.  Values are sensible:
+the tests prove that mlx-stored_as loads every clean checkpoint strictly.  Values are sensible:
 matrices ~ N(0, 0.02), norm weights near their neutral value (1, or 0 for Gemma 3's
 ``1 + w`` norms), so logits are finite and non-trivial.
 
@@ -101,7 +101,7 @@ def build(arch: str, dest, *, quant: str | None = None, layout: str = "mlx", sha
             continue
         canon[e.name] = _values(rng, e, a.neutral_norm, dtype)
 
-    # quantization, as mlx-lm's convert does it (every Linear / Embedding / SwitchLinear whose
+    # quantization, as mlx-stored_as's convert does it (every Linear / Embedding / SwitchLinear whose
     # input width fits the group size; Gemma 4's router.proj stays 8-bit affine)
     qblock = None
     prefix = {"mlx": "language_model.model." if multimodal else "model.", "hf": ""}[layout]
@@ -154,15 +154,15 @@ def build(arch: str, dest, *, quant: str | None = None, layout: str = "mlx", sha
             stored[nm] = mx.array((val + 0.02 * rng.standard_normal(shp)).astype(np.float32)).astype(dtype)
 
     entries = {n: to_entry(v) for n, v in stored.items()}
-    L1 = min(1, a.num_layers - 1)
-    lm = lambda n: _stored_name(n, arch, layout, multimodal)  # noqa: E731
-    break_entries(entries, broken, lm, L1, a)
+    target_layer = min(1, a.num_layers - 1)
+    stored_as = lambda n: _stored_name(n, arch, layout, multimodal)  # noqa: E731
+    break_entries(entries, broken, stored_as, target_layer)
     if "bad-config" in broken:
         tc.pop("num_hidden_layers", None)
 
     # shard and write
     names = list(entries)
-    files = _write_shards(dest, entries, names, shards, broken, lm, L1)
+    files = _write_shards(dest, entries, names, shards, broken, stored_as, target_layer)
     fsio.write_text(dest / "config.json", json.dumps(config, indent=2))
     if tokenizer:
         write_tokenizer(dest, tc["vocab_size"])
@@ -182,7 +182,7 @@ def _stored_name(n: str, arch: str, layout: str, multimodal: bool) -> str:
     return "model." + n
 
 
-def _write_shards(dest: Path, entries: dict, names: list, shards: int, broken, lm, L1) -> list:
+def _write_shards(dest: Path, entries: dict, names: list, shards: int, broken, stored_as, target_layer) -> list:
     meta = {"format": "mlx"}
     if shards <= 1:
         write_safetensors(dest / "model.safetensors", entries, meta)
@@ -200,7 +200,7 @@ def _write_shards(dest: Path, entries: dict, names: list, shards: int, broken, l
     for f, g in zip(files, groups):
         for n in g:
             wm[n] = f
-    dup = lm("norm.weight")
+    dup = stored_as("norm.weight")
     for f, g in zip(files, groups):
         ents = {n: entries[n] for n in g}
         if "duplicate-tensor" in broken and f == files[0] and dup not in ents:
@@ -208,7 +208,7 @@ def _write_shards(dest: Path, entries: dict, names: list, shards: int, broken, l
         if "duplicate-tensor" in broken and f == files[-1] and dup not in ents:
             ents[dup] = entries[dup]
         write_safetensors(dest / f, ents, meta)
-    break_index(wm, files, broken, lm, L1)
+    break_index(wm, files, broken, stored_as, target_layer)
     idx = {"metadata": {"total_size": sum(len(e[2]) for e in entries.values())}, "weight_map": dict(sorted(wm.items()))}
     fsio.write_text(dest / "model.safetensors.index.json", json.dumps(idx, indent=2))
     return files

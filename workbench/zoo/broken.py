@@ -1,7 +1,7 @@
 """The zoo's broken variants: each name in BROKEN, the inspector's problem code it must
 produce, and the edits that plant it (in the tensors, the shard index, or the written files).
 
-``lm`` maps a canonical name to its stored name; ``L1`` is the layer the breakages hit."""
+``stored_as`` maps a canonical name to its stored name; ``target_layer`` is the layer the breakages hit."""
 from __future__ import annotations
 
 import json
@@ -35,24 +35,24 @@ BROKEN = {
 }
 
 
-def break_entries(entries: dict, broken, lm, L1, a):
+def break_entries(entries: dict, broken, stored_as, target_layer):
     def pop_module(mod):
         out = {}
         for suf in (".weight", ".scales", ".biases"):
-            k = lm(mod + suf)
+            k = stored_as(mod + suf)
             if k in entries:
                 out[suf] = entries.pop(k)
         return out
 
     if "missing-tensor" in broken:
-        pop_module(f"layers.{L1}.self_attn.q_proj")
+        pop_module(f"layers.{target_layer}.self_attn.q_proj")
     if "misnamed" in broken:
-        for suf, v in pop_module(f"layers.{L1}.mlp.down_proj").items():
-            entries[lm(f"layers.{L1}.mlp.down_prj") + suf] = v
+        for suf, v in pop_module(f"layers.{target_layer}.mlp.down_proj").items():
+            entries[stored_as(f"layers.{target_layer}.mlp.down_prj") + suf] = v
     if "unexpected-tensor" in broken:
-        entries[lm(f"layers.{L1}.self_attn.attn_logit_bias")] = to_entry(np.zeros((4,), np.float32))
+        entries[stored_as(f"layers.{target_layer}.self_attn.attn_logit_bias")] = to_entry(np.zeros((4,), np.float32))
     if "shape-mismatch" in broken:
-        k = lm(f"layers.{L1}.mlp.gate_proj.weight")
+        k = stored_as(f"layers.{target_layer}.mlp.gate_proj.weight")
         dt, shp, data = entries[k]
         if dt != "U32":
             arr = np.frombuffer(data, {"BF16": np.uint16, "F16": np.uint16, "F32": np.float32}[dt]).reshape(shp)
@@ -62,11 +62,11 @@ def break_entries(entries: dict, broken, lm, L1, a):
             arr = np.frombuffer(data, np.uint32).reshape(shp)[:-1].copy()
             entries[k] = ("U32", arr.shape, arr.tobytes())
     if "dtype-mismatch" in broken:
-        k = lm(f"layers.{L1}.input_layernorm.weight")
+        k = stored_as(f"layers.{target_layer}.input_layernorm.weight")
         dt, shp, data = entries[k]
         entries[k] = to_entry(np.ones(shp, np.int32))
     if "nonfinite-values" in broken:
-        k = lm(f"layers.{L1}.post_attention_layernorm.weight")
+        k = stored_as(f"layers.{target_layer}.post_attention_layernorm.weight")
         dt, shp, data = entries[k]
         if dt == "BF16":
             arr = np.frombuffer(data, np.uint16).copy()
@@ -77,13 +77,13 @@ def break_entries(entries: dict, broken, lm, L1, a):
         entries[k] = (dt, shp, arr.tobytes())
 
 
-def break_index(weight_map: dict, files: list, broken, lm, L1):
+def break_index(weight_map: dict, files: list, broken, stored_as, target_layer):
     """The index breakages: a tensor mapped to the wrong shard, a shard path outside the folder."""
     if "index-mismatch" in broken:
-        k = lm(f"layers.{L1}.self_attn.o_proj.weight")
+        k = stored_as(f"layers.{target_layer}.self_attn.o_proj.weight")
         weight_map[k] = files[-1] if weight_map[k] != files[-1] else files[0]
     if "path-escape" in broken:
-        weight_map[lm("norm.weight")] = "../outside.safetensors"  # (the zoo writes nothing outside dest)
+        weight_map[stored_as("norm.weight")] = "../outside.safetensors"  # (the zoo writes nothing outside dest)
 
 
 def break_files(dest: Path, files: list, broken):
