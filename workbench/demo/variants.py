@@ -46,7 +46,7 @@ HINT_WEIGHT = 0.1
 KV_LAYER_TYPES = ["sliding_attention"] * 3 + ["full_attention", "sliding_attention", "full_attention"]
 KV_SHARED, KV_WINDOW = 2, 8
 #: training steps and peak learning rate of both variants
-STEPS, LR = 300, 2e-3
+STEPS, LR = 100, 3e-3
 
 
 def _dense(src: Path):
@@ -229,11 +229,14 @@ def expert_study(model, n_per_task: int = 40) -> dict:
 
 #: far recall prompt of notebook 08: tom's colour is 19 tokens before the question
 FAR_RECALL = "tom blue cup . anna red ball . mia green hat . sam pink kite . zoe gold bell . tom"
+FAR_ANSWER_POS = 2  # "blue" (position 0 is <bos>)
 
 
 def window_study(model, n_per_task: int = 40) -> dict:
-    """Attention mass beyond the sliding window, per layer, on :data:`FAR_RECALL`'s last
-    token; held-out accuracy with and without the full-attention layers' heads."""
+    """On :data:`FAR_RECALL`'s last token, per layer: the attention mass beyond the sliding
+    window (mean over heads, ``<bos>`` left out) and the best head's weight on the answer
+    ("blue", 19 tokens back); with ``n_per_task``, held-out accuracy with and without the
+    full layers' heads."""
     from workbench.causal.ablation import ablation, head
 
     cfg = model.config
@@ -241,17 +244,21 @@ def window_study(model, n_per_task: int = 40) -> dict:
     tr = workbench.trace(model, FAR_RECALL, capture="full", dtype="float32")
     tr.run()
     T = len(tr.ids[0])
-    mass = []
+    mass, on_answer = [], []
     for i in range(model.num_layers):
         p = np.array(tr.value(f"layers.{i}.self_attn.softmax"))[0, :, -1]  # [H, T]
-        mass.append(float(p[:, :T - W].sum(-1).mean()))
+        mass.append(float(p[:, 1:T - W].sum(-1).mean()))  # <bos> (position 0) left out: a sink
+        on_answer.append(float(p[:, FAR_ANSWER_POS].max()))
     full = [i for i, t in enumerate(cfg["layer_types"]) if t == "full_attention"]
     H = cfg["num_attention_heads"]
-    exs = corpus.heldout(n_per_task)
-    return {"window": W, "prompt_tokens": T, "beyond_window_mass": [round(m, 4) for m in mass],
-            "layer_types": cfg["layer_types"], "accuracy": accuracy(model, exs),
-            "full_layers_ablated": accuracy(model, exs, ablation(model, [head(i, h) for i in full for h in range(H)])),
-            "next_token": model.decode([int(mx.argmax(tr.logits[-1]).item())])}
+    out = {"window": W, "prompt_tokens": T, "beyond_window_mass": [round(m, 4) for m in mass],
+           "answer_weight_best_head": [round(m, 4) for m in on_answer],
+           "layer_types": cfg["layer_types"], "next_token": model.decode([int(mx.argmax(tr.logits[-1]).item())])}
+    if n_per_task:  # held-out accuracy, and with every head of the full layers zeroed
+        exs = corpus.heldout(n_per_task)
+        out["accuracy"] = accuracy(model, exs)
+        out["full_layers_ablated"] = accuracy(model, exs, ablation(model, [head(i, h) for i in full for h in range(H)]))
+    return out
 
 
 def main(argv=None) -> int:
