@@ -171,6 +171,46 @@ from workbench.trace import hunt
 print(hunt(model, prompt, dtype="float16"))
 
 # %% [markdown]
+# ## Exercises: predict, then check
+#
+# Write your prediction in `answer`, run the cell, and only then open the solution below it.
+# `check` (from `workbench.notebook`) says *right*, or what to look at when it is not.
+#
+# **1.** Give the model one word less: `apple river stone cloud tree | apple river`. Which
+# token will it predict next?
+
+# %%
+from workbench.notebook import check
+answer = None  # your prediction, a token with its leading space, e.g. " apple"
+check(answer, " stone", why="the copy task repeats the list: which word followed 'river' the first time?")
+
+# %% tags=["solution"] jupyter={"outputs_hidden": true, "source_hidden": true}
+t1 = workbench.trace(model, "apple river stone cloud tree | apple river", capture=None)
+t1.run()
+predicted = model.decode([int(mx.argmax(t1.logits[-1]).item())])
+print(repr(predicted))
+check(predicted, " stone")
+
+# %% [markdown]
+# **2.** What is the shape of `layers.2.self_attn.softmax` in the trace `tr` above, as a
+# tuple (batch, heads, query token, key token)?
+
+# %%
+answer = None  # your prediction: a tuple of four numbers
+check(answer, (1, 4, 10, 10), why="count the tokens printed above (with <bos>) and look at num_attention_heads")
+
+# %% tags=["solution"] jupyter={"outputs_hidden": true, "source_hidden": true}
+shape = tuple(tr.value("layers.2.self_attn.softmax").shape)
+print(shape, "| tokens:", len(tokens), "| heads:", cfg["num_attention_heads"])
+check(shape, (1, 4, 10, 10))
+
+# %% [markdown] tags=["solution"] jupyter={"source_hidden": true}
+# *Solutions.* 1: ` stone`, the word after `river` in the first half (the same induction
+# head does it). 2: one sequence, 4 heads, and a 10 × 10 grid: every one of the 10 tokens
+# (`<bos>` included) is a query and a key; the entries above the diagonal are the future,
+# masked to 0.
+
+# %% [markdown]
 # ## Next
 #
 # Learning how a transformer computes? Open **03 stepping through a forward pass** next,

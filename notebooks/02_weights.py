@@ -216,6 +216,48 @@ status = workbench_cli(["inspect", str(work / "misnamed"), "--json"])
 print("exit status", status)
 
 # %% [markdown]
+# ## Exercises: predict, then check
+#
+# Write your prediction in `answer`, run the cell, and only then open the solution below it.
+# `check` (from `workbench.notebook`) says *right*, or what to look at when it is not.
+#
+# **1.** A converter renames `layers.0.self_attn.k_proj.weight` to `...k_prj.weight`. Which
+# problem codes will `inspect` report (a sorted list)?
+
+# %%
+from workbench.notebook import check, planted
+answer = None  # your prediction, e.g. ["missing-tensor"]
+check(answer, ["missing-tensor", "unexpected-tensor"], why="nothing was lost: which two findings does a rename leave?")
+
+# %% tags=["solution"] jupyter={"outputs_hidden": true, "source_hidden": true}
+def rename_k(ts):
+    k = next(k for k in ts if k.endswith("layers.0.self_attn.k_proj.weight"))
+    ts[k.replace("k_proj", "k_prj")] = ts.pop(k)
+renamed = workbench.inspect(planted(clean, work / "renamed", rename_k))
+codes = sorted(p.code for p in renamed.problems)
+print(codes, diagnosis(renamed))
+check(codes, ["missing-tensor", "unexpected-tensor"])
+
+# %% [markdown]
+# **2.** Inspect the poisoned copy from above *without* `values=True`. Is `report.ok` True
+# or False?
+
+# %%
+answer = None  # your prediction: True or False
+check(answer, True, why="without values=True the inspector reads names, shapes and dtypes only")
+
+# %% tags=["solution"] jupyter={"outputs_hidden": true, "source_hidden": true}
+names_only = workbench.inspect(work / "poisoned")
+print("ok:", names_only.ok, "| problems:", names_only.problems)
+check(names_only.ok, True)
+
+# %% [markdown] tags=["solution"] jupyter={"source_hidden": true}
+# *Solutions.* 1: a `missing-tensor` (the expected name) and an `unexpected-tensor` (the new
+# one), each the other's suggestion: `diagnosis` calls it MISNAMED. 2: True — the names,
+# shapes and dtypes are all right, so a NaN in the numbers is invisible until `values=True`
+# reads them. Check values once per downloaded or converted checkpoint.
+
+# %% [markdown]
 # **What to remember.** "Missing weights" is a claim to check, not a fact: compare the
 # checkpoint's names against what its config requires, and look for the nearest name before
 # re-downloading anything. Next: notebook 03 runs a model op by op.

@@ -259,6 +259,125 @@ dbg.step_layer()
 dbg
 
 # %% [markdown]
+# ## 7 · Seeing is not proving: ablation and patching
+#
+# An attention pattern shows where a head *looks*; it does not prove the head *matters*.
+# To prove it, change the head and watch the answer. `workbench.causal` (docs/causal.md)
+# does it with the trace's interventions:
+#
+# * **zero ablation** sets a head's output (its slice of `self_attn.context`, before
+#   `o_proj` mixes the heads) to zero;
+# * **mean ablation** sets it to its *mean* output over many other prompts — a typical
+#   message with nothing about this prompt in it;
+# * **activation patching** runs a *corrupted* prompt but copies in one head's output from
+#   a *clean* run: if the answer comes back, that head carries the difference.
+#
+# The measure is the probability of ` cloud`, the unablated model's answer (the demo's
+# layer-1 heads are named L1H0 .. L1H3: layer 1, head 0 .. 3).
+
+# %%
+from workbench import causal as C
+from workbench.plots import causal as P
+pairs = (C.head(1, 0), C.head(1, 1))
+zero = C.ablate(model, prompt, [C.head(1, 0), pairs, pairs + (C.head(1, 2),), pairs + (C.head(1, 3),)], mode="zero")
+print(f"no ablation: p(' cloud') = {zero.baseline:.3f}")
+for label, value in zip(zero.labels, zero.values):
+    print(f"zero {label:18s} {value:.3f}")
+P.ablation_plot(zero)
+
+# %% [markdown]
+# Zeroing **both** induction heads, L1H0 and L1H1, barely moves the answer. That is not a
+# sign the heads were never needed: L1H2 is a **backup head**. It scores lower as an
+# induction head (the table above), but when the main ones are gone it does the job — zero
+# it as well and the answer collapses, while zeroing L1H3 instead changes nothing. Part of
+# the rescue is mechanical too: the post-attention RMS norm rescales what is left, so the
+# remaining heads' writes grow when two are silenced. Backup heads are common in trained
+# models (the "name mover" backups in GPT-2's indirect-object circuit are the classic case):
+# **one ablation that changes nothing does not show a component is unused.**
+#
+# Patching asks the converse. Clean `... tree | stone` continues with ` cloud`, corrupted
+# `... tree | cloud` with ` tree`; the grid shows, for each head, how much of the clean
+# answer (1 = all of it, 0 = none; the metric is the logit difference between the two
+# answers) comes back when only that head's output is taken from the clean run:
+
+# %%
+clean, corrupted = "apple river stone cloud tree | stone", "apple river stone cloud tree | cloud"
+patched = C.patch_heads(model, clean, corrupted)
+print("effect (rows: layers, columns: heads)\n", np.round(patched.effect, 2))
+P.patching_heatmap(patched)
+
+# %% [markdown]
+# Layer 1's heads carry the difference, each a part of it: no single head is the whole
+# circuit, which is what the backup behaviour above predicts.
+#
+# ## Exercises: predict, then check
+#
+# Write your prediction in `answer`, run the cell, and only then open the solution below it.
+# `check` says *right* or what to look at.
+#
+# **1.** Mean ablation replaces both induction heads' outputs with their average over 100
+# held-out demo prompts (`corpus.heldout(50)`: 50 per task) instead of zero. Will p(' cloud')
+# be **higher** or **lower** than with zero ablation (0.99 above)?
+
+# %%
+from workbench.notebook import check
+answer = None  # your prediction: "higher" or "lower"
+check(answer, "lower", why="a mean is not 'no message': it is a fixed message, written at every position")
+
+# %% tags=["solution"] jupyter={"outputs_hidden": true, "source_hidden": true}
+from workbench.demo import corpus
+reference = [e.prompt for e in corpus.heldout(50)]
+mean = C.ablate(model, prompt, [pairs], mode="mean", reference=reference)
+print(f"zero L1H0+L1H1: {zero.values[1]:.3f} | mean L1H0+L1H1: {mean.values[0]:.3f}")
+check("lower" if mean.values[0] < zero.values[1] else "higher", "lower")
+
+# %% [markdown] tags=["solution"] jupyter={"source_hidden": true}
+# *Solution 1.* Lower — far lower (about 0.06). The heads' mean output is not silence but
+# a typical message, the same at every position, telling the later layers "the word to copy
+# is the average word", and the norm cannot rescale it away as it rescales a zero. Zeroing
+# lets the backup head take over; mean ablation overrides it. Which ablation is right
+# depends on the question; seeing both is the lesson (docs/causal.md measures both on 100
+# held-out prompts).
+
+# %% [markdown]
+# **2.** Which op of layer 1 (a name starting with `layers.1.`) has the largest `absmax`
+# on our prompt? Hint: think about which outputs are not normalised.
+
+# %%
+answer = None  # your prediction: an op name, e.g. "layers.1.self_attn.q_proj"
+check(answer, "layers.1.mlp.down_proj", why="compare tr.stats(name)['absmax'] of the layer's ops: which are not normed?")
+
+# %% tags=["solution"] jupyter={"outputs_hidden": true, "source_hidden": true}
+absmax = {n: tr.stats(n)["absmax"] for n in model.program.names if n.startswith("layers.1.")}
+largest = max(absmax, key=absmax.get)
+print(largest, f"{absmax[largest]:.1f}")
+check(largest, "layers.1.mlp.down_proj")
+
+# %% [markdown] tags=["solution"] jupyter={"source_hidden": true}
+# *Solution 2.* `layers.1.mlp.down_proj`: the MLP's raw output, before
+# `post_feedforward_layernorm` brings it back to the stream's scale. Outputs that come out
+# of a norm stay near the norm's weights; the widened-and-narrowed MLP output does not.
+
+# %% [markdown]
+# **3.** Predict the shape of `layers.3.self_attn.q_rope` (the full-attention layer), as a
+# tuple (batch, heads, tokens, head dimension).
+
+# %%
+answer = None  # your prediction: a tuple
+check(answer, (1, 4, 10, 64), why="layers.3 is the full-attention layer: look at the table of layer kinds in section 3")
+
+# %% tags=["solution"] jupyter={"outputs_hidden": true, "source_hidden": true}
+shape = tuple(tr.step_info("layers.3.self_attn.q_rope").output_shape)
+print(shape)
+check(shape, (1, 4, 10, 64))
+print("heads", cfg["num_attention_heads"], "| tokens", len(ids), "| global_head_dim", cfg["global_head_dim"])
+
+# %% [markdown] tags=["solution"] jupyter={"source_hidden": true}
+# *Solution 3.* One sequence, one row per head, one per token (`<bos>` and the prompt's 9
+# tokens), and the full-attention layer's own head size, `global_head_dim`, twice the
+# sliding layers' `head_dim`.
+
+# %% [markdown]
 # **What to remember.** A transformer is a residual stream that layers read from and add
 # to; attention moves information *between* tokens, the MLP transforms each token on its own;
 # every one of those ops is a named value you can look at and check. Next: 04, when those

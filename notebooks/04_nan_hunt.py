@@ -205,6 +205,63 @@ status = workbench_cli(["hunt", str(work / "loud"), "--prompt", prompt, "--dtype
 print("exit status", status)
 
 # %% [markdown]
+# ## Exercises: predict, then check
+#
+# Write your prediction in `answer`, run the cell, and only then open the solution below it.
+# `check` (from `workbench.notebook`) says *right*, or what to look at when it is not.
+#
+# **1.** Hunt the *poisoned* model (NaN in `layers.2.mlp.down_proj.weight`) in float16
+# instead of float32. Which op and which cause will the hunt give?
+
+# %%
+from workbench.notebook import check
+answer = None  # your prediction: (op name, cause), e.g. ("layers.1.mlp.act", "overflow")
+check(answer, ("layers.2.mlp.down_proj", "nonfinite-weight"),
+      why="float16 only changes the range: is anything before the poisoned weight near 65504?")
+
+# %% tags=["solution"] jupyter={"outputs_hidden": true, "source_hidden": true}
+f16 = hunt(bad, prompt, dtype="float16").finding
+print(f16.op, "|", f16.cause)
+check((f16.op, f16.cause), ("layers.2.mlp.down_proj", "nonfinite-weight"))
+
+# %% [markdown]
+# **2.** In "How NaN spreads", one NaN went into token 3, channel 0 of `layers.0`. How many
+# NaN elements does `layers.1.input_layernorm` hold? (The model's width is
+# `model.config["hidden_size"]`.)
+
+# %%
+answer = None  # your prediction: a number
+check(answer, 128, why="the norm divides each token's vector by that token's RMS: which tokens, how many channels?")
+
+# %% tags=["solution"] jupyter={"outputs_hidden": true, "source_hidden": true}
+n_nan = t.stats("layers.1.input_layernorm")["nan"]
+print(n_nan, "NaN; hidden_size", model.config["hidden_size"])
+check(n_nan, 128)
+
+# %% [markdown]
+# **3.** Inject `+inf` instead of NaN at the same place. How many NaN does
+# `layers.1.input_layernorm` hold now?
+
+# %%
+answer = None  # your prediction: a number
+check(answer, 1, why="the RMS of a vector holding inf is inf: what is inf / inf, and what is 2.5 / inf?")
+
+# %% tags=["solution"] jupyter={"outputs_hidden": true, "source_hidden": true}
+t_inf = workbench.trace(model, prompt, capture="stats", interventions=[inject("layers.0", float("inf"), index=(0, 3, 0))])
+t_inf.run()
+s_inf = t_inf.stats("layers.1.input_layernorm")
+print("NaN", s_inf["nan"], "| +inf", s_inf["posinf"], "| exact zeros", f"{s_inf['zero_frac']:.3f}")
+check(s_inf["nan"], 1)
+
+# %% [markdown] tags=["solution"] jupyter={"source_hidden": true}
+# *Solutions.* 1: the same op, `nonfinite-weight`: nothing before it comes near float16's
+# limit, and the hunt checks an op's weights before it blames the arithmetic. 2: 128, one
+# token's whole vector (the model's width): the NaN makes that token's RMS NaN, and every
+# channel is divided by it. 3: just 1. The RMS is now +inf: channel 0 becomes inf / inf = NaN,
+# every other channel of token 3 finite / inf = 0. Same place, different symptom — the
+# counts and kinds of non-finite values are evidence, not noise.
+
+# %% [markdown]
 # **What to remember.** Look for the first non-finite op, not the last; ask whether it is the
 # op's arithmetic (overflow, invalid), its weights, or its inputs; and watch headroom before
 # choosing float16. Next: 05, numbers corrupted by the engine's own buffers.

@@ -188,6 +188,46 @@ for h in analyze(tiny):
     print(h)
 
 # %% [markdown]
+# ## Exercises: predict, then check
+#
+# Write your prediction in `answer`, run the cell, and only then open the solution below it.
+# `check` (from `workbench.notebook`) says *right*, or what to look at when it is not.
+#
+# **1.** In the three-event schedule above, move the `commit` to the end (after `late_add`).
+# How many hazards will the analyzer report?
+
+# %%
+from workbench.notebook import check
+answer = None  # your prediction: a number
+check(answer, 0, why="late_add reads y after norm wrote it, and writes x after norm's read: what is left to go wrong?")
+
+# %% tags=["solution"] jupyter={"outputs_hidden": true, "source_hidden": true}
+moved = dict(tiny, events=[tiny["events"][0], tiny["events"][2], tiny["events"][1]])
+print([e["type"] for e in moved["events"]], analyze(moved))
+check(len(analyze(moved)), 0)
+
+# %% [markdown]
+# **2.** Write layer 1's `attn_residual` (`layers.0` + attention) in place, over `layers.0`
+# itself: `plan.place("layers.1.attn_residual", like="layers.0")`. How many hazards, and are
+# the logits exact? Answer as (hazards, exact).
+
+# %%
+answer = None  # your prediction, e.g. (1, False)
+check(answer, (0, True), why="an add is element-wise: does any output element need an input element already overwritten?")
+
+# %% tags=["solution"] jupyter={"outputs_hidden": true, "source_hidden": true}
+inplace = emu.run(plan.place("layers.1.attn_residual", like="layers.0"))
+print(inplace.summary())
+check((len(inplace.hazards), inplace.exact), (0, True))
+
+# %% [markdown] tags=["solution"] jupyter={"source_hidden": true}
+# *Solutions.* 1: none — every read finds the value it expects and the dispatch is recorded
+# before the commit. 2: none, and exact. The add is element-wise and its kernel declares
+# that pair safe in place, and `layers.0` has no reader after it; the same buffer trick that
+# broke `o_proj` (a matrix multiply: each output reads a whole input row) is a correct
+# memory saving here.
+
+# %% [markdown]
 # **What to remember.** Buffer reuse bugs give plausible-looking wrong numbers, far from
 # their cause. Record the schedule your engine actually encodes, and let the analyzer name
 # the dispatch, the buffer and the bytes. Next: notebook 06 compares an engine's activations

@@ -203,6 +203,54 @@ status = workbench_cli(["diff", str(DEMO), str(work / "engine.npz"), "--ids", id
 print("exit status", status)
 
 # %% [markdown]
+# ## Exercises: predict, then check
+#
+# Write your prediction in `answer`, run the cell, and only then open the solution below it.
+# `check` (from `workbench.notebook`) says *right*, or what to look at when it is not.
+#
+# **1.** A subtler engine: only *layer 2's* activation uses SiLU, every other layer is right.
+# Does the diff with the default tolerance find a divergence? (True or False)
+
+# %%
+from workbench.notebook import check
+answer = None  # your prediction: True or False
+check(answer, False, why="one layer's error, how large against the default NMSE <= 0.01? The error curve above helps")
+
+# %% tags=["solution"] jupyter={"outputs_hidden": true, "source_hidden": true}
+def run_engine_one_bad(bad_op):
+    ops = [dataclasses.replace(op, fn=lambda ctx, gate, up: nn.silu(gate) * up) if op.name == bad_op else op
+           for op in model.program.ops]
+    vals = execute(Program(ops, model.program.inputs), model.context("bfloat16"),
+                   model.feeds(mx.array([ids])), keep=lambda n: True)
+    return {k: np.array(v.astype(mx.float32))[0] for k, v in vals.items() if k in model.program.names}
+
+one_bad = run_engine_one_bad("layers.2.mlp.act")
+write_dump(one_bad, work / "engine_one_bad.npz")
+loose = compare(model, work / "engine_one_bad.npz", ids=ids, rules=rules, dtype="float32")
+print("first divergence:", loose.first_divergence, "| next token:", repr(model.decode([int(one_bad["logits"][-1].argmax())])))
+check(loose.first_divergence is not None, False)
+
+# %% [markdown]
+# **2.** The same engine, compared with `noise_floor="bfloat16"`. Which op is the first
+# divergence?
+
+# %%
+answer = None  # your prediction: an op name
+check(answer, "layers.2.mlp.act", why="the noise floor holds each op to 10x the error of a correct bfloat16 run")
+
+# %% tags=["solution"] jupyter={"outputs_hidden": true, "source_hidden": true}
+tight = compare(model, work / "engine_one_bad.npz", ids=ids, rules=rules, noise_floor="bfloat16")
+print("first divergence with a noise floor:", tight.first_divergence.op)
+check(tight.first_divergence.op, "layers.2.mlp.act")
+
+# %% [markdown] tags=["solution"] jupyter={"source_hidden": true}
+# *Solutions.* 1: False — one wrong activation moves that op's NMSE less than the default
+# 0.01, and the model even still answers ` cloud`: a plausible engine with a real bug. 2:
+# `layers.2.mlp.act`, exactly the wrong op: measured against the error a correct bfloat16
+# run makes at each op, its departure is far beyond the noise. When the answer looks right
+# but you doubt the engine, compare with a noise floor.
+
+# %% [markdown]
 # **What to remember.** Dump a handful of tensors per layer, map the names once, and let the
 # diff find the first op that departs from the reference; then dump that op's inputs too. Next:
 # 07, models whose MLP is a team of experts.

@@ -54,10 +54,24 @@ def test_nan_matches_nan():
 @pytest.mark.parametrize("py", [p for p in notebook.sources(NOTEBOOKS) if "01" <= p.stem[:2] <= "08"],
                          ids=lambda p: p.stem)
 def test_notebook_ends_with_exercises(py):
-    """2-4 exercises, each a prompt cell calling check on the reader's ``answer = None``, and
-    a solution cell tagged ``solution`` that calls check on the computed answer."""
-    text = py.read_text()
-    prompts = re.findall(r"^answer = None  # your prediction", text, flags=re.M)
-    solutions = re.findall(r'^# %% tags=\["solution"\]\n(?:.*\n)*?.*\bcheck\(', text, flags=re.M)
-    assert 2 <= len(prompts) <= 4, f"{py.name}: {len(prompts)} exercise prompts"
-    assert len(solutions) == len(prompts), f"{py.name}: {len(solutions)} solutions for {len(prompts)} exercises"
+    """2-4 exercises before "What to remember" (or the end): each a code cell with the
+    reader's ``answer = None`` and a call of check, followed by its solution, a code cell
+    tagged ``solution`` (folded away) that calls check on the computed answer."""
+    nb = notebook.read_source(py)
+    kinds = []
+    for c in nb.cells:
+        src, tags = c["source"], c.get("metadata", {}).get("tags", [])
+        if c["cell_type"] == "code" and re.search(r"^answer = None  # your prediction", src, flags=re.M):
+            assert "check(answer" in src, f"{py.name}: an exercise cell that does not check the answer"
+            kinds.append("exercise")
+        elif c["cell_type"] == "code" and "solution" in tags:
+            assert re.search(r"^check\(", src, flags=re.M), f"{py.name}: a solution cell that does not call check"
+            assert c["metadata"].get("jupyter", {}).get("source_hidden"), f"{py.name}: a solution not folded away"
+            kinds.append("solution")
+        elif c["cell_type"] == "markdown" and re.search(r"What to remember|^## Next", c["source"], flags=re.M):
+            kinds.append("end")
+    exercises = kinds.count("exercise")
+    assert 2 <= exercises <= 4, f"{py.name}: {exercises} exercises"
+    body = kinds[:kinds.index("end")] if "end" in kinds else kinds
+    assert body[-2 * exercises:] == ["exercise", "solution"] * exercises, \
+        f"{py.name}: the exercises, each followed by its solution, come last before 'What to remember': {kinds}"
