@@ -23,7 +23,8 @@
 #     h2 = post_feedforward_layernorm_2( experts(pre_feedforward_layernorm_2(h)) )     routed experts
 #     h  = h + post_feedforward_layernorm(h1 + h2)
 #
-# The demo's MoE variant has 4 experts per layer and routes each token to the top 2.
+# This notebook uses the demo's **experts** variant (`assets/demo-experts`, docs/demo.md): 4
+# experts per layer, each token routed to the top 2, experts that specialise by task.
 # Porting bugs here are subtle: a wrong expert order, a softmax over the wrong axis, a missing
 # per-expert scale — the model still runs.
 
@@ -36,13 +37,13 @@ from IPython.display import display
 np.random.seed(0); mx.random.seed(0)
 np.set_printoptions(precision=4, suppress=True, linewidth=110)
 
-from workbench.demo.paths import DEMO_MOE
+from workbench.demo.paths import DEMO_EXPERTS
 from workbench import plots
 import matplotlib.pyplot as plt
-model = workbench.load(DEMO_MOE, dtype="float32")
+model = workbench.load(DEMO_EXPERTS, dtype="float32")
 cfg = model.config
 print({k: cfg[k] for k in ["num_experts", "top_k_experts", "moe_intermediate_size", "num_hidden_layers"]})
-print(workbench.inspect(DEMO_MOE).to_dict()["moe"])
+print(workbench.inspect(DEMO_EXPERTS).to_dict()["moe"])
 
 # %% [markdown]
 # ## The router's ops
@@ -117,8 +118,38 @@ ax.set_xticks(range(L)); ax.set_xlabel("layer"); ax.set_ylabel("share of token s
 ax.legend(fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.25)); plt.show()
 
 # %% [markdown]
-# The router spreads the work, though not evenly: some experts get twice the share of others.
-# Engines that run experts as separate kernels must size them for the busiest one.
+# Over the two tasks together the load looks spread out. Split the count by task: the demo's
+# corpus has two — **copy** (random words, a bar, the same words again) and **recall** (who
+# has what, then one name asked again) — and this variant's experts were trained to
+# specialise by task (docs/demo.md says how). The router never sees a task label, only the
+# tokens. Per layer, the share of each task's token slots (`<bos>` left out) each expert
+# receives over 20 held-out prompts per task (`workbench.demo.variants.routing_fractions`
+# reads `layers.*.router.top_k`):
+
+# %%
+from workbench.demo import corpus, variants
+exs = corpus.heldout(20)
+frac = variants.routing_fractions(model, exs)          # task -> [layers, experts], rows sum to 1
+E, L = cfg["num_experts"], model.num_layers
+for t in corpus.TASKS:
+    print(f"{t}: share of token slots per expert (rows: layers)\n{np.round(frac[t], 2)}")
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(8, 2.8), sharey=True)
+for ax, t in zip(axes, corpus.TASKS):
+    for e in range(E):
+        ax.bar(np.arange(L) + e * 0.2 - 0.3, frac[t][:, e], width=0.2, label=f"expert {e}")
+    ax.axhline(1 / E, color="k", ls=":", lw=1)
+    ax.set_xticks(range(L)); ax.set_xlabel("layer"); ax.set_title(f"{t} prompts")
+axes[0].set_ylabel("share of token slots")
+axes[1].legend(fontsize=7, loc="upper right"); plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# Copy tokens go mostly to experts 0 and 1, recall tokens to experts 2 and 3, in every layer
+# (the dotted line is a perfectly even share). The copy and recall prompts use different words
+# (random nouns vs names, colours and objects), so the router can tell them apart from the
+# token vectors alone. Such routing is *imbalanced* within a task by design; an engine that
+# sizes every expert for an even share would be wrong for this model.
 #
 # ## The experts' share of the work
 #
@@ -132,17 +163,16 @@ for i in range(L):
     print(f"layer {i}: dense branch {d:7.2f}   expert branch {e:7.2f}")
 
 # %% [markdown]
-# In this small model the experts add a correction about a tenth the size of the dense
-# branch: it was *upcycled* from the dense demo model (built from the dense model's weights,
-# its new expert branch starting scaled down) and trained only briefly. In a model trained as MoE from the start the balance is different —
-# which is exactly what this kind of measurement is for.
+# The dense branch is exactly zero: in this variant the dense MLP is switched off (its weights
+# are zero) so that the experts carry all of the MLP's work — otherwise the dense MLP, which
+# already solves both tasks, would make every expert dispensable.
 
 # %% [markdown]
 # ## Knock out an expert
 #
 # Interventions change an op's output as the trace runs. Give expert 0 a very low router score
 # in every layer, so it is never chosen, and see whether the answer survives (here it does:
-# the dense MLP still carries most of the work):
+# the router sends the work to the next-best expert):
 
 # %%
 from workbench.trace import patch
@@ -151,6 +181,37 @@ def ban_expert_0(scores):
 t2 = workbench.trace(model, prompt, capture="stats", interventions=[patch("layers.*.router.proj", ban_expert_0)])
 t2.run()
 print("without expert 0:", repr(model.decode([int(mx.argmax(t2.logits[-1]).item())])))
+
+# %% [markdown]
+# Banning re-routes; **ablating** removes. `workbench.causal.ablation` builds interventions for
+# that: `expert(layer, e)` zeroes expert `e`'s output for the tokens the router sent to it
+# (other tokens untouched). Zero experts in every layer and measure held-out exact-match
+# accuracy per task, one expert at a time and then each task's pair:
+
+# %%
+from workbench.causal.ablation import ablation, expert
+base = variants.accuracy(model, exs)
+print(f"{'ablated':>10s}  copy  recall")
+print(f"{'nothing':>10s}  {base['copy']:.2f}  {base['recall']:.2f}")
+drops = {}
+for group in [(0,), (1,), (2,), (3,), (0, 1), (2, 3)]:
+    ivs = ablation(model, [expert(i, e) for i in range(L) for e in group])
+    acc = variants.accuracy(model, exs, ivs)
+    drops[group] = {t: base[t] - acc[t] for t in corpus.TASKS}
+    print(f"{'expert ' + '+'.join(map(str, group)):>10s}  {acc['copy']:.2f}  {acc['recall']:.2f}")
+
+# %%
+print("the copy pair (0+1) costs copy", round(drops[(0, 1)]["copy"], 2), "and recall", round(drops[(0, 1)]["recall"], 2))
+print("the recall pair (2+3) costs recall", round(drops[(2, 3)]["recall"], 2), "and copy", round(drops[(2, 3)]["copy"], 2))
+
+# %% [markdown]
+# Knocking out **one** expert changes nothing: each task has two experts, top-2 routing sends
+# every one of its tokens to both, and either one alone carries the task (like the backup
+# heads of notebook 03). Knock out the task's **pair** and that task collapses while the other
+# is untouched. Measured on 40 held-out examples per task (docs/demo.md): copy 100% → 25%
+# without experts 0+1 (recall stays at 97.5%), recall 97.5% → 32.5% without experts 2+3
+# (copy stays at 100%). The routing table and this ablation together are the evidence of
+# specialisation: where the tokens go, and what breaks when that destination is gone.
 
 # %% [markdown]
 # **What to remember.** An MoE layer is a router (scores → top-k → weights) plus experts; every
