@@ -7,7 +7,7 @@ from typing import Mapping
 import mlx.core as mx
 import numpy as np
 
-from workbench.dtypes import parse_dtype
+from workbench.dtypes import dtype_name, parse_dtype
 from workbench.trace.step import TraceError
 from workbench.trace.store import ValueStore
 from workbench.trace.tracer import Trace
@@ -91,6 +91,8 @@ def trace(model, ids_or_text, capture="stats", dtype=None, breakpoints=None, int
     dt = _parse_dtype(dtype)
     feeds = model.feeds(ids, attention_mask=mask, cache=cache)
     ctx = model.context(dt, cache=cache)
+    check_attention_memory(model.program, ids.shape[0], ids.shape[1],
+                           (cache.offset if cache is not None else 0) + ids.shape[1], ctx.dtype)
 
     def context(dtype, cache):
         return model.context(dtype, cache=cache)
@@ -100,3 +102,32 @@ def trace(model, ids_or_text, capture="stats", dtype=None, breakpoints=None, int
                  memory_budget=memory_budget, spill_dir=spill_dir, flush_bytes=flush_bytes,
                  store=store, key_prefix=key_prefix, model=model, batched=batched, ids=ids,
                  attention_mask=mask)
+
+
+def available_memory() -> int | None:
+    """Bytes this process may still allocate: MemAvailable (Linux), else None (unknown)."""
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f.read(65536).splitlines():
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_attention_memory(program, batch: int, tokens: int, keys: int, dtype, available: int | None = None) -> None:
+    """Refuse, before anything runs, a prompt whose explicit attention scores cannot fit:
+    one layer's scores and softmax ([B, H, T, S] each, alive together) must take at most
+    half of the memory available."""
+    heads = max((int(op.attrs.get("num_heads") or 0) for op in program.ops if op.kind == "scores"), default=0)
+    if not heads:
+        return
+    itemsize = dtype.size if dtype is not None else 4
+    need = 2 * batch * heads * tokens * keys * itemsize
+    avail = available_memory() if available is None else available
+    if avail is not None and need > avail // 2:
+        raise TraceError(f"a {tokens}-token prompt needs {need / 2**30:.1f} GiB for one layer's attention scores "
+                         f"and softmax ([{batch}, {heads}, {tokens}, {keys}] x 2, {dtype_name(dtype)}); "
+                         f"{avail / 2**30:.1f} GiB is available: use a shorter prompt (at most about "
+                         f"{int((avail // 2 / (2 * batch * heads * itemsize)) ** 0.5)} tokens here)")
