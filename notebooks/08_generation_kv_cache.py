@@ -201,6 +201,42 @@ without = timed(no_cache)
 print(f"{n} tokens: with cache {with_cache:.2f} s, without {without:.2f} s")
 
 # %% [markdown]
+# ## Exercises: predict, then check
+#
+# Write your prediction in `answer`, run the cell, and only then open the solution below it.
+# `check` (from `workbench.notebook`) says *right*, or what to look at when it is not.
+#
+# **1.** How many positions does layer 0's `k_cache` hold in forward 4 (`g.traces[4]`, the
+# forward that produced generated token 4)? The prompt is 8 tokens with `<bos>`.
+
+# %%
+from workbench.notebook import check
+answer = None  # your prediction: a number
+check(answer, 12, why="the prefill caches the 8 prompt positions; each later forward adds the token it reads")
+
+# %% tags=["solution"] jupyter={"outputs_hidden": true, "source_hidden": true}
+cached = g.traces[4].step_info("layers.0.self_attn.k_cache").output_shape[2]
+print(cached, "positions | prompt", len(prompt_ids))
+check(cached, 12)
+
+# %% [markdown]
+# **2.** Which `rope_offset` does forward 2 use?
+
+# %%
+answer = None  # your prediction: a number
+check(answer, 9, why="rope_offset is the position of the forward's only token: count from 0, <bos> included")
+
+# %% tags=["solution"] jupyter={"outputs_hidden": true, "source_hidden": true}
+offset = int(np.array(g.traces[2].value("rope_offset"))[0])
+print(offset)
+check(offset, 9)
+
+# %% [markdown] tags=["solution"] jupyter={"source_hidden": true}
+# *Solutions.* 1: 12 = 8 prompt positions + 4 tokens read since (generated tokens 0..3;
+# token 4 is the output, not yet cached). 2: 9 — forward 2 reads generated token 1, which
+# sits at position 8 + 1 (positions count from 0: the prompt is 0..7, token 0 is at 8).
+
+# %% [markdown]
 # **What to remember.** Generation = prefill + one-token forwards over a growing cache; the
 # cached numbers must equal a full recomputation, with each new token rotated at its true
 # position. When an engine's first generated token is right and the next ones are wrong, look
