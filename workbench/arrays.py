@@ -18,6 +18,19 @@ def to_numpy(x: Any) -> np.ndarray:
     return np.asarray(x, dtype=np.float32)
 
 
+def as_ndim(x: np.ndarray, ndim: int, what: str) -> np.ndarray:
+    """``x`` with ``ndim`` axes: leading size-1 axes dropped, missing leading axes added;
+    ValueError naming ``what`` (e.g. "[tokens, hidden] activation") when it cannot be."""
+    shape = list(x.shape)
+    while x.ndim > ndim and x.shape[0] == 1:
+        x = x[0]
+    while x.ndim < ndim:
+        x = x[None]
+    if x.ndim != ndim:
+        raise ValueError(f"expected {what}, got shape {shape}")
+    return x
+
+
 def finite_or_none(x: float | None) -> float | None:
     """A float for JSON: NaN and infinities become None."""
     if x is None or (isinstance(x, float) and not math.isfinite(x)):

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from workbench.arrays import to_numpy, weight_values  # noqa: F401  (weight_values re-exported: plots.weight_values)
+from workbench.arrays import as_ndim, to_numpy, weight_values  # noqa: F401  (weight_values re-exported: plots.weight_values)
 
 _RESID = re.compile(r"^layers\.(\d+)$")
 
@@ -23,13 +23,7 @@ _RESID = re.compile(r"^layers\.(\d+)$")
 
 def _tokens_dim(x: np.ndarray) -> np.ndarray:
     """[..., T, D] with leading size-1 dims dropped -> [T, D]."""
-    while x.ndim > 2 and x.shape[0] == 1:
-        x = x[0]
-    if x.ndim == 1:
-        x = x[None]
-    if x.ndim != 2:
-        raise ValueError(f"expected a [tokens, hidden] activation, got shape {list(x.shape)}")
-    return x
+    return as_ndim(x, 2, "a [tokens, hidden] activation")
 
 
 def residual_values(source: Any) -> dict[int, np.ndarray]:

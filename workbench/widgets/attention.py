@@ -23,6 +23,8 @@ import anywidget
 import numpy as np
 import traitlets as T
 
+from workbench.arrays import as_ndim
+
 #: the colour map of probabilities (sequential; matplotlib's name, sampled in Python)
 CMAP = "Blues"
 
@@ -278,13 +280,9 @@ def _as_heads(pattern) -> np.ndarray:
         except ImportError:  # pragma: no cover - mlx is a dependency
             pass
     a = np.asarray(pattern)
-    shape = list(a.shape)
-    while a.ndim > 3 and a.shape[0] == 1:
-        a = a[0]
-    if a.ndim == 2:
-        a = a[None]
-    if a.ndim != 3:
-        raise ValueError(f"attention pattern: expected [H, T, S] or [T, S], got shape {shape}")
+    if a.ndim < 2:
+        raise ValueError(f"attention pattern: expected [H, T, S] or [T, S], got shape {list(a.shape)}")
+    a = as_ndim(a, 3, "an attention pattern [H, T, S] or [T, S]")
     if a.dtype.kind not in "fiub":
         raise ValueError(f"attention pattern: expected numbers, got dtype {a.dtype}")
     return np.ascontiguousarray(a, dtype="<f4")
