@@ -1,0 +1,222 @@
+"""A trace split by layers across processes: :func:`trace_distributed`.
+
+Every rank opens the same checkpoint and builds the same op program, takes its share of
+the layers (:mod:`workbench.distributed.plan`) and steps only those ops in a
+:class:`~workbench.trace.tracer.Trace` of its own (a sub-program whose inputs are the
+program's inputs and the values the rank before sent).  Rank 0 makes the token ids and
+runs first; each rank then sends rank + 1 the ids and every value a later rank reads
+(:mod:`workbench.distributed.wire`).  At the end every rank's step records (JSON) are
+gathered to rank 0 in rank order, which is program order, and the last rank sends the
+logits to rank 0.  A rank reads only the checkpoint tensors its own ops use: the reader
+maps the files lazily and MLX reads a tensor's bytes when an op evaluates it.
+"""
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import mlx.core as mx
+
+from workbench.distributed.plan import Plan, make_plan
+from workbench.distributed.wire import WireError, gather_bytes, recv_bundle, send_bundle
+from workbench.dtypes import dtype_name
+from workbench.errors import UsageError
+from workbench.trace.entry import check_attention_memory, prepare_ids
+from workbench.trace.step import Step, TraceError
+from workbench.trace.tracer import Trace
+
+
+class DistributedTrace:
+    """What rank 0 gets back: every rank's steps in program order, the logits, and what each
+    rank ran (``ranks``: rank, host, layers, ops, tensors read, seconds).
+
+    The values themselves stay on the rank that computed them; ``steps`` carry the
+    statistics (the capture setting's, as in a one-process trace)."""
+
+    def __init__(self, program, steps: list[Step], logits: mx.array, ranks: list[dict], dtype,
+                 batched: bool, ids: mx.array, plan: Plan):
+        self.program = program
+        self._steps = steps
+        self._by_name = {s.name: s for s in steps}
+        self.logits = logits
+        self.ranks = ranks
+        self.dtype = dtype
+        self.batched = batched
+        self.ids = ids
+        self.plan = plan
+        self.position = len(steps)
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"rank {r['rank']}: layers {r['layers'][0]}-{r['layers'][1]}" for r in self.ranks)
+        return f"<DistributedTrace {len(self._steps)} ops over {len(self.ranks)} ranks ({parts}), {dtype_name(self.dtype)}>"
+
+    @property
+    def ops(self) -> list[str]:
+        return self.program.names
+
+    @property
+    def done(self) -> bool:
+        return self.position == len(self.program)
+
+    @property
+    def steps(self) -> list[Step]:
+        return list(self._steps)
+
+    def records(self) -> list[dict]:
+        """One JSON-able dict per step, as :meth:`Trace.records` gives them."""
+        return [s.to_dict() for s in self._steps]
+
+    def step_info(self, name: str) -> Step:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise KeyError(f"no op named {name!r} in this trace (see .ops)") from None
+
+    def stats(self, name: str) -> dict:
+        st = self.step_info(name).stats
+        if st is None:
+            raise KeyError(f"op {name!r} has no statistics (the trace ran with capture=None)")
+        return dict(st)
+
+    def headroom(self, top: int | None = None) -> list[tuple[str, float]]:
+        rows = [(s.name, s.stats["headroom"]) for s in self._steps
+                if s.stats and s.stats.get("headroom") is not None]
+        rows.sort(key=lambda r: -r[1])
+        return rows[:top] if top else rows
+
+
+def _step_from(d: dict) -> Step:
+    return Step(d["name"], d["kind"], d["layer"], int(d["index"]), tuple(tuple(s) for s in d["input_shapes"]),
+                tuple(d["output_shape"]), d["dtype"], d["stats"], tuple(d["intervened"]))
+
+
+def _capture_for(capture, program, sub):
+    """The rank's capture setting: the user's, except that name patterns matching none of
+    this rank's ops become "stats" (statistics of every op, no values: what patterns mean
+    for the ops they do not match)."""
+    if capture is None or capture in ("none", "stats", "full"):
+        return capture
+    pats = [capture] if isinstance(capture, str) else list(capture)
+    if not program.match(pats):
+        raise UsageError(f"capture patterns {pats} match no op of this program")
+    return pats if sub.match(pats) else "stats"
+
+
+def _open(path, dtype):
+    """The checkpoint (its tensor reads recorded) and the model at op granularity."""
+    from workbench.checkpoint import open_checkpoint
+    from workbench.models import load
+
+    try:
+        ck = open_checkpoint(path)
+    except Exception as e:  # noqa: BLE001 - any failure to open is unusable input, in one line
+        raise UsageError(f"cannot open {path}: {_one_line(e)}") from None
+    read: list[str] = []
+    plain = ck.load
+
+    def load_recorded(name):
+        read.append(name)
+        return plain(name)
+
+    ck.load = load_recorded
+    try:
+        model = load(ck, dtype=dtype, granularity="op")
+    except Exception as e:  # noqa: BLE001
+        raise UsageError(f"cannot load {path} as an op program: {_one_line(e)}") from None
+    return ck, model, read
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().strip("'\"")
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def trace_distributed(path, prompt_or_ids, capture="stats", dtype=None, *, split=None, group=None,
+                      pad_id: int | None = None) -> DistributedTrace | None:
+    """Trace the checkpoint at ``path`` split by layers over the processes of ``group``
+    (default ``mx.distributed.init()``: the ranks ``mlx.launch`` started, or this process
+    alone).
+
+    Call it on every rank with the same arguments.  Rank 0 returns a
+    :class:`DistributedTrace` (steps of every rank in program order, logits); the other
+    ranks return None.  ``split``: layer counts per rank (default: balanced by the bytes
+    of the tensors each rank reads).  ``capture``: "stats" | "full" | name patterns |
+    None, applied on every rank (values stay on their rank).
+    """
+    group = group if group is not None else mx.distributed.init()
+    rank, size = group.rank(), group.size()
+    ck, model, read = _open(path, dtype)
+    program = model.program
+    sizes = {n: ck.info(n).nbytes for n in model.tensor_names}
+    plan = make_plan(program, size, split, sizes)
+    sub = plan.subprogram(rank)
+    cap = _capture_for(capture, program, sub)
+    ctx = model.context(dtype)
+    fingerprint = {"program": plan.fingerprint(), "dtype": dtype_name(ctx.dtype), "capture": repr(capture),
+                   "size": size}
+    waited = 0.0
+    if rank == 0:
+        ids, mask, batched = prepare_ids(model, prompt_or_ids, pad_id)
+        received: dict = {}
+    else:
+        t = time.perf_counter()
+        meta, received = recv_bundle(rank - 1, group)
+        waited = time.perf_counter() - t
+        theirs = {k: meta.get(k) for k in fingerprint}
+        if theirs != fingerprint:
+            diff = ", ".join(f"{k} {theirs[k]!r} there, {fingerprint[k]!r} here"
+                             for k in fingerprint if theirs[k] != fingerprint[k])
+            raise UsageError(f"rank {rank} and rank {rank - 1} do not run the same trace ({diff}): "
+                             "give every rank the same checkpoint, dtype, capture and --layers")
+        ids, mask, batched = received.pop("@ids"), received.pop("@mask", None), bool(meta["batched"])
+    start = time.perf_counter()
+    feeds = dict(model.feeds(ids, attention_mask=mask))
+    feeds.update(received)
+    T = int(ids.shape[1])
+    check_attention_memory(sub, int(ids.shape[0]), T, T, ctx.dtype)
+    trace = Trace(sub, ctx, feeds, capture=cap, context=lambda dt, cache: model.context(dt, cache=cache),
+                  tensors=model.op_tensors, model=model, batched=batched, ids=ids, attention_mask=mask)
+    try:
+        if rank < size - 1:
+            out = {"@ids": ids} if mask is None else {"@ids": ids, "@mask": mask}
+            for name in plan.sends[rank]:
+                if name in received:  # made before this rank: forwarded
+                    out[name] = received[name]
+                else:
+                    trace.run(until=name, wait=False)
+                    out[name] = trace.value(name)
+            trace.run(wait=False)
+            send_bundle(out, dict(fingerprint, batched=batched), rank + 1, group)
+        else:
+            trace.run(wait=False)
+        records = trace.records()
+    except TraceError as e:
+        raise UsageError(f"rank {rank}: {_one_line(e)}") from None
+    seconds = time.perf_counter() - start
+    for rec in records:
+        rec["index"] = plan.ranks[rank][rec["index"]]
+    part = {"rank": rank, "host": socket.gethostname(), "layers": list(plan.layers[rank]), "ops": len(sub),
+            "tensors": sorted(set(read)), "seconds": round(seconds, 4), "waited": round(waited, 4),
+            "records": records}
+    parts = [json.loads(b) for b in gather_bytes(json.dumps(part).encode(), group)]
+    if size == 1:
+        logits = trace.logits
+    elif rank == size - 1:
+        send_bundle({"logits": trace.logits}, {"rank": rank}, 0, group)
+        return None
+    elif rank == 0:
+        _, got = recv_bundle(size - 1, group)
+        logits = got["logits"]
+    if rank != 0:
+        return None
+    steps, last = [], -1
+    for p in parts:
+        for rec in p.pop("records"):
+            if rec["index"] <= last:
+                raise WireError(f"rank {p['rank']} sent op {rec['name']!r} (index {rec['index']}) out of "
+                                "program order")
+            last = rec["index"]
+            steps.append(_step_from(rec))
+    return DistributedTrace(program, steps, logits, parts, ctx.dtype, batched, ids, plan)
+

@@ -1,0 +1,96 @@
+"""Moving named arrays and JSON between ranks with ``mx.distributed``.
+
+A *bundle* (named arrays plus a small JSON header) goes from one rank to another as three
+point-to-point messages: the header's length (8 bytes), the header (names, dtypes,
+shapes, byte offsets, and whatever the sender adds), and every array's bytes packed into
+one uint8 buffer.  The receiver learns every shape from the header, so nothing has to be
+known in advance.  :func:`gather_bytes` collects one byte string from every rank (two
+``all_gather``\\ s: the lengths, then the bytes padded to the longest).
+"""
+from __future__ import annotations
+
+import json
+
+import mlx.core as mx
+import numpy as np
+
+from workbench.dtypes import dtype_name
+
+
+class WireError(RuntimeError):
+    """A message between ranks was not what this rank expected (named in the message)."""
+
+
+def _dtype(name: str) -> mx.Dtype:
+    d = getattr(mx, name, None)
+    if not isinstance(d, mx.Dtype):
+        raise WireError(f"unknown dtype {name!r} in a message from another rank")
+    return d
+
+
+def _bytes_array(data: bytes) -> mx.array:
+    return mx.array(np.frombuffer(data, dtype=np.uint8))
+
+
+def _send(x: mx.array, dst: int, group) -> None:
+    mx.eval(mx.distributed.send(x, dst, group=group))
+
+
+def _recv(shape, dtype, src: int, group) -> mx.array:
+    x = mx.distributed.recv(shape, dtype, src, group=group)
+    mx.eval(x)
+    return x
+
+
+def send_bundle(values: dict, meta: dict, dst: int, group) -> int:
+    """Send ``values`` (name -> mx.array) and ``meta`` (JSON-able) to rank ``dst``;
+    returns the payload's size in bytes."""
+    entries, parts, offset = [], [], 0
+    for name, v in values.items():
+        flat = v.reshape(-1).view(mx.uint8) if v.size else mx.zeros((0,), mx.uint8)
+        entries.append({"name": name, "dtype": dtype_name(v.dtype), "shape": list(v.shape),
+                        "offset": offset, "nbytes": int(v.nbytes)})
+        parts.append(flat)
+        offset += int(v.nbytes)
+    header = json.dumps({"meta": meta, "arrays": entries, "payload": offset}).encode()
+    _send(_bytes_array(len(header).to_bytes(8, "little")), dst, group)
+    _send(_bytes_array(header), dst, group)
+    if offset:
+        _send(mx.concatenate(parts) if len(parts) > 1 else parts[0], dst, group)
+    return offset
+
+
+def recv_bundle(src: int, group) -> tuple[dict, dict]:
+    """(meta, values) of the bundle rank ``src`` sends with :func:`send_bundle`."""
+    n = int.from_bytes(bytes(np.array(_recv((8,), mx.uint8, src, group))), "little")
+    if not 0 < n < 2**31:
+        raise WireError(f"rank {src} sent a header length of {n} bytes: not a workbench bundle")
+    try:
+        header = json.loads(bytes(np.array(_recv((n,), mx.uint8, src, group))))
+        entries, total = header["arrays"], int(header["payload"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise WireError(f"rank {src} sent an unreadable header ({e})") from None
+    payload = _recv((total,), mx.uint8, src, group) if total else None
+    values = {}
+    for e in entries:
+        dt = _dtype(e["dtype"])
+        shape = tuple(int(s) for s in e["shape"])
+        if e["nbytes"] == 0:
+            values[e["name"]] = mx.zeros(shape, dt)
+            continue
+        raw = payload[e["offset"]: e["offset"] + e["nbytes"]]
+        values[e["name"]] = raw.view(dt).reshape(shape)
+    return header["meta"], values
+
+
+def gather_bytes(data: bytes, group) -> list[bytes]:
+    """Every rank's ``data``, in rank order (on every rank)."""
+    size = group.size()
+    if size == 1:
+        return [data]
+    lengths = mx.distributed.all_gather(mx.array([len(data)], dtype=mx.int64), group=group)
+    lengths = [int(n) for n in np.array(lengths).reshape(-1)]
+    longest = max(lengths)
+    padded = data + bytes(longest - len(data))
+    got = np.array(mx.distributed.all_gather(_bytes_array(padded), group=group)).reshape(size, longest)
+    return [bytes(got[r, : lengths[r]]) for r in range(size)]
