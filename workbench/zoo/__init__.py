@@ -215,27 +215,42 @@ def _write_shards(dest: Path, entries: dict, names: list, shards: int, broken, s
 
 
 
-# ------------------------------------------------------------- sparse 31B shape
-def build_sparse(dest, *, config: dict | None = None, shard_bytes: int = 5 * 2**30, quant: str | None = None) -> Path:
-    """A Gemma-4-31B-shaped sharded BF16 checkpoint (multimodal wrapper, MLX layout) whose
-    headers are real and whose data are holes: ~60 GB apparent, a few MB on disk."""
+# ------------------------------------------------------------- sparse (header-only) checkpoints
+def build_sparse(dest, *, config: dict | None = None, shard_bytes: int = 5 * 2**30, quant: str | None = None,
+                 quant_spec: tuple | None = None) -> Path:
+    """A sharded checkpoint (MLX layout) whose headers are real and whose data are holes
+    (sparse files): by default Gemma-4-31B-shaped BF16 with tiny towers (~60 GB apparent, a
+    few MB on disk).  ``config``: a Gemma 4 text config (as GEMMA4_31B; its layer_types are
+    made 5 sliding + 1 full), or a whole config.json with ``text_config`` (the real shapes of
+    real_shapes.py: written as given, language model only, as mlx-lm's conversion keeps it).
+    ``quant``: a name of QUANT_SPECS, or ``quant_spec``: (mode, bits, group_size); Gemma 4's
+    router.proj stays 8-bit affine (mlx-lm's quant_predicate)."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    tc = dict(config or GEMMA4_31B)
-    tc["layer_types"] = (["sliding_attention"] * 5 + ["full_attention"]) * (tc["num_hidden_layers"] // 6) + \
-        ["sliding_attention"] * (tc["num_hidden_layers"] % 6)
-    cfg = {"model_type": "gemma4", "text_config": tc, "vocab_size": tc["vocab_size"]}
+    whole = config is not None and "text_config" in config
+    if whole:
+        cfg = json.loads(json.dumps(config))
+        tc = cfg["text_config"]
+    else:
+        tc = dict(config or GEMMA4_31B)
+        tc["layer_types"] = (["sliding_attention"] * 5 + ["full_attention"]) * (tc["num_hidden_layers"] // 6) + \
+            ["sliding_attention"] * (tc["num_hidden_layers"] % 6)
+        cfg = {"model_type": "gemma4", "text_config": tc, "vocab_size": tc["vocab_size"]}
     a = build_arch(cfg)
     from workbench.checkpoint.sfile import nbytes_of
 
     ents = {}
-    qs = QUANT_SPECS.get(quant) if quant else None
+    qs = quant_spec or (QUANT_SPECS.get(quant) if quant else None)
+    qblock = {"group_size": qs[2], "bits": qs[1], "mode": qs[0]} if qs else None
     for e in a.expected.values():
         if e.optional:
             continue
         name = "language_model.model." + e.name if not e.name.startswith("lm_head") else "language_model." + e.name
-        if qs and e.quantizable and e.shape[-1] % qs[2] == 0:
-            mode, bits, gs = qs
+        mode, bits, gs = qs or (None, None, None)
+        if qs and a.family == "gemma4_text" and e.module.endswith("router.proj"):
+            mode, bits, gs = "affine", 8, 64
+            qblock[name[: -len(".weight")]] = {"group_size": 64, "bits": 8}
+        if qs and e.quantizable and e.shape[-1] % gs == 0:
             mod = name[: -len(".weight")]
             ents[name] = ("U32", tuple(e.shape[:-1]) + (e.shape[-1] * bits // 32,), None)
             sdt = "U8" if mode != "affine" else "BF16"
@@ -244,10 +259,13 @@ def build_sparse(dest, *, config: dict | None = None, shard_bytes: int = 5 * 2**
                 ents[mod + ".biases"] = ("BF16", tuple(e.shape[:-1]) + (e.shape[-1] // gs,), None)
         else:
             ents[name] = ("BF16", e.shape, None)
-    for n, shp in tower_tensors("gemma4", tc["hidden_size"]).items():
-        ents[n] = ("BF16", shp, None)
-    if qs:
-        cfg["quantization"] = {"group_size": qs[2], "bits": qs[1], "mode": qs[0]}
+    if not whole:
+        for n, shp in tower_tensors("gemma4", tc["hidden_size"]).items():
+            ents[n] = ("BF16", shp, None)
+    if qblock:
+        cfg["quantization"] = qblock
+        if whole:
+            cfg["quantization_config"] = dict(qblock)
     groups, cur, size = [[]], 0, 0
     for n, (dt, shp, _) in ents.items():
         nb = nbytes_of(dt, shp)
