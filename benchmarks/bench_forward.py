@@ -21,7 +21,6 @@ stats <= 1.15x, full <= 1.5x.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
@@ -32,6 +31,9 @@ import mlx.core as mx
 
 from workbench import zoo
 from workbench.program import execute
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import CLOCKS, interleaved  # noqa: E402
 
 SHAPE = dict(hidden_size=512, num_hidden_layers=8, intermediate_size=2048, num_attention_heads=8,
              head_dim=64, global_head_dim=128, num_key_value_heads=2, num_kv_shared_layers=2,
@@ -68,14 +70,7 @@ def bench(path: Path, tokens: int, reps: int, clock=time.perf_counter):
 
     variants = {"mlx-lm": theirs, "execute": ours, "trace-none": traced(None),
                 "trace-stats": traced("stats"), "trace-full": traced("full")}
-    for f in list(variants.values()) * 2:  # warm up (weights paged in, kernels compiled)
-        f()
-    times = {k: [] for k in variants}
-    for _ in range(reps):
-        for k, f in variants.items():
-            t0 = clock()
-            f()
-            times[k].append(clock() - t0)
+    med = interleaved(variants, reps, clock, warmup=2)
     full = workbench.trace(model, ids[0], capture="full")
     full.run()
     extra = {"ops": len(model.program), "full_bytes": full.store.memory_bytes + 0,
@@ -92,7 +87,7 @@ def bench(path: Path, tokens: int, reps: int, clock=time.perf_counter):
         o32 = model(ids, dtype="float32").astype(mx.float32)
         extra["half_err_ours"] = float(mx.abs(full.logits.astype(mx.float32) - o32[0]).max())
         extra["half_err_mlx_lm"] = float(mx.abs(half - r32).max())
-    return nparams, {k: (statistics.median(v), min(v)) for k, v in times.items()}, extra
+    return nparams, med, extra
 
 
 def main(argv=None) -> int:
@@ -101,13 +96,13 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--quant", default=None, choices=[None, "affine4", "mxfp4"])
-    p.add_argument("--clock", default="wall", choices=["wall", "cpu"],
+    p.add_argument("--clock", default="wall", choices=list(CLOCKS),
                    help="wall: elapsed time (default); cpu: this process's CPU time, all threads (steadier on a "
                         "shared machine; counts the background statistics thread in full, so it is pessimistic)")
     a = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as d:
         path = build(Path(d) / "g4", a.dtype, a.quant)
-        clock = time.perf_counter if a.clock == "wall" else time.process_time
+        clock = CLOCKS[a.clock]
         n, med, extra = bench(path, a.tokens, a.reps, clock)
     print(f"gemma4_text {n / 1e6:.1f}M params, {extra['ops']} ops, {a.tokens} tokens, {a.dtype}"
           f"{', ' + a.quant if a.quant else ''}, device {mx.default_device()}, median of {a.reps}, {a.clock} clock")

@@ -23,14 +23,15 @@ its spinning is counted as CPU time (it made every variant 3-10x slower and nois
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import workbench  # noqa: F401  (fast BLAS before mlx.core)
 import mlx.core as mx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import CLOCKS, interleaved  # noqa: E402
 
 PHI3 = dict(model_type="phi3", hidden_size=512, num_hidden_layers=8, intermediate_size=2048,
             num_attention_heads=8, num_key_value_heads=8, vocab_size=12000, rms_norm_eps=1e-5,
@@ -73,16 +74,9 @@ def bench(path: Path, kind: str, tokens: int, prompt_len: int, reps: int, clock,
         return f
 
     variants = {"mlx-lm": theirs, "capture=stats": ours("stats"), "capture=None": ours(None)}
-    for f in variants.values():  # warm up (weights paged in, kernels compiled)
-        f()
-    times = {k: [] for k in variants}
-    for _ in range(reps):
-        for k, f in variants.items():
-            t0 = clock()
-            f()
-            times[k].append(clock() - t0)
+    med = interleaved(variants, reps, clock, warmup=1)
     same = {k: v == out["mlx-lm"] for k, v in out.items()}
-    return nparams, {k: (statistics.median(v), min(v)) for k, v in times.items()}, same
+    return nparams, med, same
 
 
 def main(argv=None) -> int:
@@ -94,11 +88,10 @@ def main(argv=None) -> int:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--clock", default="wall", choices=["wall", "cpu"],
+    p.add_argument("--clock", default="wall", choices=list(CLOCKS),
                    help="wall: elapsed time (default); cpu: this process's CPU time, all threads")
     a = p.parse_args(argv)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    clock = time.perf_counter if a.clock == "wall" else time.process_time
+    clock = CLOCKS[a.clock]
     sampling = dict(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k)
     for kind in a.which.split(","):
         name = {"op": "gemma4_text (op program)", "module": "phi3 (module level)"}[kind]

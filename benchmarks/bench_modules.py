@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -28,6 +27,9 @@ from pathlib import Path
 import workbench  # noqa: F401  (fast BLAS before mlx.core)
 import mlx.core as mx
 from mlx.utils import tree_flatten
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import CLOCKS, interleaved  # noqa: E402
 
 SHAPES = {
     "qwen2": dict(model_type="qwen2", hidden_size=512, num_hidden_layers=8, intermediate_size=2048,
@@ -70,19 +72,12 @@ def bench(path: Path, tokens: int, reps: int, clock=time.perf_counter):
 
     variants = {"mlx-lm": theirs, "trace-none": traced(None), "trace-stats": traced("stats"),
                 "trace-full": traced("full")}
-    for f in list(variants.values()) * 2:  # warm up
-        f()
-    times = {k: [] for k in variants}
-    for _ in range(reps):
-        for k, f in variants.items():
-            t0 = clock()
-            f()
-            times[k].append(clock() - t0)
+    med = interleaved(variants, reps, clock, warmup=2)
     full = workbench.trace(model, ids, capture="full")
     full.run()
     extra = {"steps": len(full.ops), "max_abs_diff": float(mx.abs(full.logits - ref(ids)[0]).max()),
              "full_bytes": full.store.memory_bytes}
-    return nparams, {k: (statistics.median(v), min(v)) for k, v in times.items()}, extra
+    return nparams, med, extra
 
 
 def main(argv=None) -> int:
@@ -90,11 +85,11 @@ def main(argv=None) -> int:
     p.add_argument("--arch", default="phi3", choices=sorted(SHAPES))
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--reps", type=int, default=7)
-    p.add_argument("--clock", default="wall", choices=["wall", "cpu"])
+    p.add_argument("--clock", default="wall", choices=list(CLOCKS))
     a = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as d:
         path = build(Path(d) / a.arch, SHAPES[a.arch])
-        n, med, extra = bench(path, a.tokens, a.reps, time.perf_counter if a.clock == "wall" else time.process_time)
+        n, med, extra = bench(path, a.tokens, a.reps, CLOCKS[a.clock])
     print(f"{a.arch} {n / 1e6:.1f}M params, {extra['steps']} module steps, {a.tokens} tokens, "
           f"device {mx.default_device()}, median of {a.reps}, {a.clock} clock")
     ref, ref_min = med["mlx-lm"]
