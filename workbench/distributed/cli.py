@@ -51,6 +51,7 @@ def run(args) -> int:
     from workbench import fsio
     from workbench.distributed.plan import parse_split
     from workbench.distributed.run import trace_distributed
+    from workbench.distributed.wire import WireError
     from workbench.errors import UsageError, parse_ids
 
     group = mx.distributed.init()
@@ -64,7 +65,7 @@ def run(args) -> int:
             raise UsageError("--prompt is empty")
         t = trace_distributed(args.path, what, capture=_capture(args.capture), dtype=args.dtype,
                               split=split, group=group)
-    except (UsageError, ValueError, KeyError) as e:
+    except (UsageError, WireError, ValueError, KeyError) as e:
         msg = str(e).strip().strip("'\"").splitlines()[0] if str(e).strip() else type(e).__name__
         raise UsageError(f"rank {rank}: {msg}" if size > 1 and not msg.startswith("rank ") else msg) from None
     if t is None:  # not rank 0: rank 0 reports

@@ -22,7 +22,7 @@ class WireError(RuntimeError):
 
 
 def _dtype(name: str) -> mx.Dtype:
-    d = getattr(mx, name, None)
+    d = mx.bool_ if name == "bool" else getattr(mx, name, None)
     if not isinstance(d, mx.Dtype):
         raise WireError(f"unknown dtype {name!r} in a message from another rank")
     return d
@@ -90,6 +90,9 @@ def gather_bytes(data: bytes, group) -> list[bytes]:
         return [data]
     lengths = mx.distributed.all_gather(mx.array([len(data)], dtype=mx.int64), group=group)
     lengths = [int(n) for n in np.array(lengths).reshape(-1)]
+    if len(lengths) != size or any(not 0 <= n < 2**31 for n in lengths):
+        raise WireError(f"the ranks' message lengths {lengths} are not what {size} ranks send: "
+                        "a rank failed or runs another program")
     longest = max(lengths)
     padded = data + bytes(longest - len(data))
     got = np.array(mx.distributed.all_gather(_bytes_array(padded), group=group)).reshape(size, longest)

@@ -1,0 +1,213 @@
+"""A trace split by layers across processes (workbench.distributed): the plan, and real runs
+under ``mlx.launch --backend ring`` on localhost whose gathered steps and logits must equal
+a one-process trace of the same checkpoint."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import workbench
+from workbench import zoo
+from workbench.distributed import balanced_split, make_plan, trace_distributed
+from workbench.distributed.plan import op_tensor_names
+from workbench.errors import UsageError
+
+ROOT = Path(__file__).resolve().parents[1]
+IDS = [2, 15, 16, 17, 40, 99, 7, 3, 128, 64, 5, 201]
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    d = tmp_path_factory.mktemp("dist")
+    return {"llama": zoo.build("llama", d / "llama", dtype="float32"),
+            "gemma4_text": zoo.build("gemma4_text", d / "g4", dtype="float32")}
+
+
+# --------------------------------------------------------------------------- the plan
+
+def test_balanced_split_minimises_the_largest_rank():
+    assert balanced_split([1, 1, 1, 1], 2) == [2, 2]
+    assert balanced_split([1, 1, 1, 10], 2) == [3, 1]
+    assert balanced_split([1, 1, 1, 1], 2, head=3) == [1, 3]  # the embeddings weigh on rank 0
+    assert balanced_split([5, 1, 1, 1, 1, 5], 3) == [1, 4, 1]
+    with pytest.raises(UsageError, match="3 ranks but the model has 2 layers"):
+        balanced_split([1, 1], 3)
+
+
+def test_plan_sends_what_later_ranks_read(ckpts):
+    # gemma4_text: 6 layers, PLE, layers 4 and 5 share layers 3's / 2's keys and values
+    m = workbench.load(ckpts["gemma4_text"])
+    p = make_plan(m.program, 3, [3, 1, 2])
+    assert p.layers == [(0, 2), (3, 3), (4, 5)]
+    assert p.sends[0] == ["per_layer_inputs", "layers.2.self_attn.k_cache", "layers.2.self_attn.v_cache", "layers.2"]
+    # rank 1 forwards what rank 2 still needs from rank 0, and adds its own
+    assert p.sends[1] == ["per_layer_inputs", "layers.2.self_attn.k_cache", "layers.2.self_attn.v_cache",
+                          "layers.3.self_attn.k_cache", "layers.3.self_attn.v_cache", "layers.3"]
+    # every op on exactly one rank, in program order; the head and tail on the first / last rank
+    assert sum(p.ranks, []) == list(range(len(m.program)))
+    assert p.names(0)[0] == "embed_tokens" and p.names(2)[-1] == "logits"
+    # each sub-program is a valid program over the values it receives
+    for r in range(3):
+        sub = p.subprogram(r)
+        assert set(p.received(r)) <= set(sub.inputs)
+    # default: balanced by the bytes of the tensors each rank reads
+    sizes = {n: m.checkpoint.info(n).nbytes for n in m.tensor_names}
+    assert make_plan(m.program, 2, None, sizes).layers == [(0, 2), (3, 5)]
+    for bad, msg in (([3, 2], "covers 5 layers; the model has 6"), ([6, 0], "at least one layer"),
+                     ([6], "1 layer counts for 2 ranks")):
+        with pytest.raises(UsageError, match=msg):
+            make_plan(m.program, 2, bad)
+
+
+def test_one_rank_equals_the_plain_trace(ckpts):
+    """With one process the distributed trace is the plain trace (same steps, same logits)."""
+    path = ckpts["gemma4_text"]
+    t = trace_distributed(path, IDS)
+    ref = workbench.load(path).trace(IDS)
+    ref.run()
+    assert t.records() == ref.records()
+    assert mx.array_equal(t.logits, ref.logits).item()
+    assert t.ranks[0]["layers"] == [0, 5] and t.done
+    with pytest.raises(UsageError, match="match no op"):
+        trace_distributed(path, IDS, capture=["nothing.*"])
+    with pytest.raises(UsageError, match="cannot open"):
+        trace_distributed(path.parent / "absent", IDS)
+
+
+# --------------------------------------------------------------------------- real ranks
+
+def _free_ports(n: int) -> int:
+    """A first port with the next n - 1 free too (the ring backend listens on p, p+1 ...)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            p = s.getsockname()[1]
+        if p + n >= 65535:
+            continue
+        try:
+            socks = []
+            for k in range(n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p + k))
+            return p
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free ports")
+
+
+def _launch(n: int, args: list[str], timeout: float = 40, script=None) -> subprocess.CompletedProcess:
+    """``mlx.launch --backend ring -n N -- python -m workbench.cli distributed ARGS`` (or
+    ``python SCRIPT``) on localhost, the whole process group killed past ``timeout``."""
+    launcher = Path(sys.executable).parent / "mlx.launch"
+    assert launcher.exists(), f"mlx's launcher is missing next to {sys.executable}"
+    cmd = [str(launcher), "--backend", "ring", "-n", str(n), "-p", str(_free_ports(n)), "--",
+           sys.executable, *([str(script)] if script else ["-m", "workbench.cli", "distributed"]), *args]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(cmd, cwd=str(ROOT), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"mlx.launch did not finish in {timeout} s:\n{err[-2000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _close(a, b, what):
+    if isinstance(a, float) or isinstance(b, float):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-6), what
+    else:
+        assert a == b, what
+
+
+def _same_steps(got: list[dict], want: list[dict]):
+    assert [r["name"] for r in got] == [r["name"] for r in want]
+    assert [r["index"] for r in got] == list(range(len(want)))  # program order
+    for g, w in zip(got, want):
+        for k in ("kind", "layer", "input_shapes", "output_shape", "dtype"):
+            assert g[k] == w[k], (g["name"], k)
+        assert g["stats"] is not None and set(g["stats"]) == set(w["stats"]), g["name"]
+        for k, v in w["stats"].items():
+            _close(g["stats"][k], v, (g["name"], k))
+
+
+@pytest.mark.parametrize("arch,ranks,extra", [
+    ("llama", 2, ["--capture", "layers.0.*"]),          # default split (by weight bytes): layers 0-1 | 2
+    ("gemma4_text", 3, ["--layers", "3,1,2"]),           # PLE and KV sharing forwarded across two hops
+])
+def test_ranks_equal_one_process(ckpts, tmp_path, arch, ranks, extra):
+    path = ckpts[arch]
+    out = tmp_path / "logits.npy"
+    r = _launch(ranks, [str(path), "--ids", ",".join(map(str, IDS)), "--json", "--logits", str(out), *extra])
+    assert "Traceback" not in r.stderr and "WARN" not in r.stderr, r.stderr
+    doc = json.loads(r.stdout)  # only rank 0 prints
+    model = workbench.load(path)
+    ref = model.trace(IDS)
+    ref.run()
+    _same_steps(doc["steps"], ref.records())
+    # the logits equal the one-process run's
+    logits = np.load(out, allow_pickle=False)
+    assert logits.shape == (len(IDS), model.vocab_size)
+    np.testing.assert_allclose(logits, np.array(ref.logits.astype(mx.float32)), rtol=1e-5, atol=1e-6)
+    assert doc["logits"]["last_argmax"] == int(np.argmax(logits[-1]))
+    # each rank ran its own layers and read only the tensors of its own ops
+    parts = doc["ranks"]
+    assert [p["rank"] for p in parts] == list(range(ranks))
+    assert parts[0]["layers"][0] == 0 and parts[-1]["layers"][1] == model.num_layers - 1
+    names = set(model.tensor_names)
+    plan = make_plan(model.program, ranks, [p["layers"][1] - p["layers"][0] + 1 for p in parts])
+    for p in parts:
+        own = {t for i in plan.ranks[p["rank"]] for t in op_tensor_names(model.program.ops[i], names)}
+        # the final norm's dtype is probed at load (lazily: no bytes read) on every rank
+        assert set(p["tensors"]) - {"norm.weight"} <= own, p["rank"]
+        assert own <= set(p["tensors"]) | {"norm.weight"}, p["rank"]
+        lo, hi = p["layers"]
+        assert all(lo <= int(t.split(".")[1]) <= hi for t in p["tensors"] if t.startswith("layers.")), p["rank"]
+
+
+def test_bad_input_is_one_line_per_rank(ckpts):
+    r = _launch(2, [str(ckpts["gemma4_text"]), "--ids", "2,15", "--layers", "2,2"])
+    lines = [ln for ln in r.stderr.splitlines() if "workbench distributed:" in ln]
+    assert lines and all("covers 4 layers; the model has 6" in ln for ln in lines), r.stderr
+    assert any(ln.startswith("workbench distributed: rank ") for ln in lines), r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    # without a launcher (one process): exit 2, one line
+    p = subprocess.run([sys.executable, "-m", "workbench.cli", "distributed", str(ckpts["llama"]), "--ids", "2,999"],
+                       cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "out of range" in p.stderr, p.stderr
+
+
+def test_a_padded_batch_with_full_capture(ckpts, tmp_path):
+    """The library call on every rank: a left-padded batch (its mask crosses as bool) and
+    capture="full" (values stay on their rank; the steps and logits come to rank 0)."""
+    path = ckpts["gemma4_text"]
+    batch = [[2, 15, 16, 17, 40, 99], [2, 99, 7]]
+    out = tmp_path / "logits.npy"
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import io, json, sys\nimport numpy as np\nimport workbench\n"
+        "from workbench.distributed import trace_distributed\n"
+        f"t = trace_distributed({str(path)!r}, {batch!r}, capture='full')\n"
+        "if t is not None:\n"
+        f"    np.save({str(out)!r}, np.array(t.logits), allow_pickle=False)\n"
+        "    print(json.dumps(t.records()))\n")
+    r = _launch(2, [], script=script)
+    assert "Traceback" not in r.stderr and "WARN" not in r.stderr, r.stderr
+    ref = workbench.load(path).trace(batch, capture="full")
+    ref.run()
+    _same_steps(json.loads(r.stdout), ref.records())
+    np.testing.assert_allclose(np.load(out), np.array(ref.logits), rtol=1e-5, atol=1e-6)
