@@ -108,12 +108,14 @@ def _free_ports(n: int) -> int:
     raise RuntimeError("no free ports")
 
 
-def _launch(n: int, args: list[str], timeout: float = 40, script=None) -> subprocess.CompletedProcess:
+def _launch(n: int, args: list[str], timeout: float = 40, script=None, hostfile=None) -> subprocess.CompletedProcess:
     """``mlx.launch --backend ring -n N -- python -m workbench.cli distributed ARGS`` (or
-    ``python SCRIPT``) on localhost, the whole process group killed past ``timeout``."""
+    ``python SCRIPT``; or ``--hostfile`` for the hosts) on localhost, the whole process group
+    killed past ``timeout``."""
     launcher = Path(sys.executable).parent / "mlx.launch"
     assert launcher.exists(), f"mlx's launcher is missing next to {sys.executable}"
-    cmd = [str(launcher), "--backend", "ring", "-n", str(n), "-p", str(_free_ports(n)), "--",
+    hosts = ["--hostfile", str(hostfile)] if hostfile else ["--backend", "ring", "-n", str(n)]
+    cmd = [str(launcher), *hosts, "-p", str(_free_ports(n)), "--",
            sys.executable, *([str(script)] if script else ["-m", "workbench.cli", "distributed"]), *args]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(cmd, cwd=str(ROOT), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -152,7 +154,11 @@ def _same_steps(got: list[dict], want: list[dict]):
 def test_ranks_equal_one_process(ckpts, tmp_path, arch, ranks, extra):
     path = ckpts[arch]
     out = tmp_path / "logits.npy"
-    r = _launch(ranks, [str(path), "--ids", ",".join(map(str, IDS)), "--json", "--logits", str(out), *extra])
+    # the two-host recipe's hostfile (docs/distributed.md), both hosts this one
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text(json.dumps({"backend": "ring", "hosts": [{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * ranks}))
+    r = _launch(ranks, [str(path), "--ids", ",".join(map(str, IDS)), "--json", "--logits", str(out), *extra],
+                hostfile=hostfile if arch == "llama" else None)
     assert "Traceback" not in r.stderr and "WARN" not in r.stderr, r.stderr
     doc = json.loads(r.stdout)  # only rank 0 prints
     model = workbench.load(path)

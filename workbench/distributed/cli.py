@@ -85,7 +85,8 @@ def run(args) -> int:
         return 0
     for r in t.ranks:
         print(f"rank {r['rank']} on {r['host']}: layers {r['layers'][0]}-{r['layers'][1]}, {r['ops']} ops, "
-              f"{len(r['tensors'])} tensors read, {r['seconds']:.3f} s (waited {r['waited']:.3f} s)")
+              f"{len(r['tensors'])} tensors read, {r['seconds']:.3f} s (waited {r['waited']:.3f} s), "
+              f"sent {r['sent_bytes']} bytes onward")
     print(f"{len(t.steps)} ops traced in program order; logits {list(t.logits.shape)}, "
           f"last position's top token {top}")
     rows = t.headroom(args.top)

@@ -29,7 +29,8 @@ from workbench.trace.tracer import Trace
 
 class DistributedTrace:
     """What rank 0 gets back: every rank's steps in program order, the logits, and what each
-    rank ran (``ranks``: rank, host, layers, ops, tensors read, seconds).
+    rank ran (``ranks``: rank, host, layers, ops, tensors read, seconds stepping, seconds
+    waiting for the rank before, bytes sent to the rank after).
 
     The values themselves stay on the rank that computed them; ``steps`` carry the
     statistics (the capture setting's, as in a one-process trace)."""
@@ -155,7 +156,7 @@ def trace_distributed(path, prompt_or_ids, capture="stats", dtype=None, *, split
     ctx = model.context(dtype)
     fingerprint = {"program": plan.fingerprint(), "dtype": dtype_name(ctx.dtype), "capture": repr(capture),
                    "size": size}
-    waited = 0.0
+    waited, sent = 0.0, 0
     if rank == 0:
         ids, mask, batched = prepare_ids(model, prompt_or_ids, pad_id)
         received: dict = {}
@@ -187,7 +188,7 @@ def trace_distributed(path, prompt_or_ids, capture="stats", dtype=None, *, split
                     trace.run(until=name, wait=False)
                     out[name] = trace.value(name)
             trace.run(wait=False)
-            send_bundle(out, dict(fingerprint, batched=batched), rank + 1, group)
+            sent = send_bundle(out, dict(fingerprint, batched=batched), rank + 1, group)
         else:
             trace.run(wait=False)
         records = trace.records()
@@ -198,7 +199,7 @@ def trace_distributed(path, prompt_or_ids, capture="stats", dtype=None, *, split
         rec["index"] = plan.ranks[rank][rec["index"]]
     part = {"rank": rank, "host": socket.gethostname(), "layers": list(plan.layers[rank]), "ops": len(sub),
             "tensors": sorted(set(read)), "seconds": round(seconds, 4), "waited": round(waited, 4),
-            "records": records}
+            "sent_bytes": sent, "records": records}
     parts = [json.loads(b) for b in gather_bytes(json.dumps(part).encode(), group)]
     if size == 1:
         logits = trace.logits
