@@ -149,7 +149,7 @@ def test_op_tensors(ckpts):
     assert set(t) == {"layers.1.mlp.down_proj.weight", "layers.1.mlp.down_proj.scales",
                       "layers.1.mlp.down_proj.biases"}
     assert set(model.op_tensors("lm_head")) == {"embed_tokens.weight", "embed_tokens.scales", "embed_tokens.biases"}
-    assert model.op_tensors("layers.0.self_attn.softmax") == {}
+    assert model.op_tensors("layers.0.self_attn.context") == {}
     m4 = workbench.load(ckpts("gemma4_moe"))
     assert set(m4.op_tensors("layers.0.router.weights")) == {"layers.0.router.per_expert_scale"}
     assert set(m4.op_tensors("layers.0")) == {"layers.0.layer_scalar"}

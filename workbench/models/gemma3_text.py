@@ -16,7 +16,7 @@ Per layer ``i``::
 
     h = input_layernorm(x)
     q = q_rope(q_norm(q_heads(q_proj(h)))); k = k_rope(k_norm(k_heads(k_proj(h)))); v = v_heads(v_proj(h))
-    x = attn_residual = x + post_attention_layernorm(o_proj(context(softmax(scores(q, k)), v)))
+    x = attn_residual = x + post_attention_layernorm(o_proj(context(q, k, v)))
     layers.{i} = x + post_feedforward_layernorm(down_proj(gelu(gate_proj(h2)) * up_proj(h2))),
                  h2 = pre_feedforward_layernorm(x)
 """
@@ -89,9 +89,8 @@ def attention(b: Builder, cfg: Config, i: int, h: str, rope: dict) -> str:
     k = b.kv_cache(f"{a}.k_cache", k, "k", i)
     v = b.kv_cache(f"{a}.v_cache", v, "v", i)
     mask = "attn_mask_sliding" if sliding else "attn_mask"
-    s = b.scores(f"{a}.scores", q, k, mask, cfg.query_pre_attn_scalar ** -0.5, H, Hkv,
-                 window=cfg.sliding_window if sliding else None)
-    o = b.attend(f"{a}.context", b.softmax(f"{a}.softmax", s), v, H, Hkv, D)
+    o = b.attention(a, q, k, v, mask, cfg.query_pre_attn_scalar ** -0.5, H, Hkv, D,
+                    window=cfg.sliding_window if sliding else None)
     return b.linear(f"{a}.o_proj", o)
 
 

@@ -143,9 +143,8 @@ def attention(b: Builder, cfg: Config, i: int, h: str, rope: dict) -> str:
     else:  # KV-shared: the source layer's full keys/values (cache included)
         k, v = f"layers.{src}.self_attn.k_cache", f"layers.{src}.self_attn.v_cache"
     sliding = not cfg.is_full(i)
-    s = b.scores(f"{a}.scores", q, k, "attn_mask_sliding" if sliding else "attn_mask", 1.0, H, Hkv,
-                 window=cfg.sliding_window if sliding else None, kv_source=src)
-    o = b.attend(f"{a}.context", b.softmax(f"{a}.softmax", s), v, H, Hkv, D)
+    o = b.attention(a, q, k, v, "attn_mask_sliding" if sliding else "attn_mask", 1.0, H, Hkv, D,
+                    window=cfg.sliding_window if sliding else None, kv_source=src)
     return b.linear(f"{a}.o_proj", o)
 
 

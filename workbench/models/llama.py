@@ -9,8 +9,9 @@ Per layer ``i`` (x = ``layers.{i-1}``, or ``embed_tokens`` for the first layer):
     q, k, v = q_heads(q), k_heads(k), v_heads(v)     # [B, H, T, D]
     q, k = q_rope(q), k_rope(k)                      # rotated at their positions
     k, v = k_cache(k), v_cache(v)                    # + cached positions
-    p = softmax(scores(q, k))                        # [B, H, T, S]
-    x = attn_residual = x + o_proj(context(p, v))
+    o = context(q, k, v)                             # [B, T, H*D], fused (or explicit:
+                                                     #  softmax(scores(q, k)) @ v, docs/ops.md)
+    x = attn_residual = x + o_proj(o)
     h = post_attention_layernorm(x)
     layers.{i} = x + down_proj(act(gate_proj(h), up_proj(h)))     # act = silu(g) * u
 """
@@ -69,9 +70,7 @@ def attention(b: Builder, cfg: Config, i: int, h: str, rope: dict) -> str:
     k = b.kv_cache(f"{a}.k_cache", k, "k", i)
     v = b.kv_cache(f"{a}.v_cache", v, "v", i)
     mask = "attn_mask_sliding" if cfg.layer_types[i] == "sliding_attention" else "attn_mask"
-    s = b.scores(f"{a}.scores", q, k, mask, D ** -0.5, H, Hkv)
-    p = b.softmax(f"{a}.softmax", s)
-    o = b.attend(f"{a}.context", p, v, H, Hkv, D)
+    o = b.attention(a, q, k, v, mask, D ** -0.5, H, Hkv, D)
     return b.linear(f"{a}.o_proj", o)
 
 

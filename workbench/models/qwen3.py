@@ -7,7 +7,7 @@ Per layer ``i``::
     k = k_rope(k_norm(k_heads(k_proj(h))))
     v = v_heads(v_proj(h))
     k, v = k_cache(k), v_cache(v)
-    x = attn_residual = x + o_proj(context(softmax(scores(q, k)), v))
+    x = attn_residual = x + o_proj(context(q, k, v))
     layers.{i} = x + down_proj(silu(gate_proj(h2)) * up_proj(h2)),  h2 = post_attention_layernorm(x)
 """
 from __future__ import annotations
@@ -43,8 +43,7 @@ def attention(b: Builder, cfg: Config, i: int, h: str, rope: dict) -> str:
     k = b.kv_cache(f"{a}.k_cache", k, "k", i)
     v = b.kv_cache(f"{a}.v_cache", v, "v", i)
     mask = "attn_mask_sliding" if cfg.layer_types[i] == "sliding_attention" else "attn_mask"
-    s = b.scores(f"{a}.scores", q, k, mask, D ** -0.5, H, Hkv)
-    o = b.attend(f"{a}.context", b.softmax(f"{a}.softmax", s), v, H, Hkv, D)
+    o = b.attention(a, q, k, v, mask, D ** -0.5, H, Hkv, D)
     return b.linear(f"{a}.o_proj", o)
 
 

@@ -69,14 +69,19 @@ def prepare_ids(model, ids_or_text, pad_id: int | None = None):
 def trace(model, ids_or_text, capture="stats", dtype=None, breakpoints=None, interventions=None, *,
           cache=None, attention_mask=None, pad_id: int | None = None, memory_budget: int | None = None,
           spill_dir: str | None = None, flush_bytes: int = 512 * 2**20, store: ValueStore | None = None,
-          key_prefix: str = "", **extra) -> Trace:
+          key_prefix: str = "", attention=None, **extra) -> Trace:
     """A :class:`Trace` of ``model`` on text, token ids, or a batch of either.
 
     capture: ``"stats"`` (default) | ``"full"`` | [name patterns] | None.
     dtype: compute dtype (``"float32"``, ``"bfloat16"``, ``"float16"``) whatever the
     storage dtype; None uses the model's default.
     Batches are left padded and masked; ``.logits`` is then [B, T, vocab].
+    attention: None (the model's program, fused unless ``load`` said otherwise) |
+    ``"fused"`` | ``"explicit"`` | layers (``3``, ``"layers.3"`` or a list) whose attention
+    runs as explicit scores -> softmax -> context steps (docs/trace.md, Attention).
     """
+    if attention is not None and getattr(model, "granularity", "op") == "module":
+        raise TraceError("attention=: a module-level model runs its own attention modules (no scores step)")
     if getattr(model, "granularity", "op") == "module":  # a reference model: its module calls are the steps
         return model.module_trace(ids_or_text, capture=capture, dtype=dtype, breakpoints=breakpoints,
                                   interventions=interventions, cache=cache, attention_mask=attention_mask,
@@ -89,15 +94,16 @@ def trace(model, ids_or_text, capture="stats", dtype=None, breakpoints=None, int
     if attention_mask is not None:
         mask = attention_mask if isinstance(attention_mask, mx.array) else mx.array(attention_mask)
     dt = _parse_dtype(dtype)
+    program = model.program_for(attention) if attention is not None else model.program
     feeds = model.feeds(ids, attention_mask=mask, cache=cache)
     ctx = model.context(dt, cache=cache)
-    check_attention_memory(model.program, ids.shape[0], ids.shape[1],
+    check_attention_memory(program, ids.shape[0], ids.shape[1],
                            (cache.offset if cache is not None else 0) + ids.shape[1], ctx.dtype)
 
     def context(dtype, cache):
         return model.context(dtype, cache=cache)
 
-    return Trace(model.program, ctx, feeds, capture=capture, breakpoints=breakpoints,
+    return Trace(program, ctx, feeds, capture=capture, breakpoints=breakpoints,
                  interventions=interventions, context=context, tensors=model.op_tensors,
                  memory_budget=memory_budget, spill_dir=spill_dir, flush_bytes=flush_bytes,
                  store=store, key_prefix=key_prefix, model=model, batched=batched, ids=ids,
@@ -119,7 +125,8 @@ def available_memory() -> int | None:
 def check_attention_memory(program, batch: int, tokens: int, keys: int, dtype, available: int | None = None) -> None:
     """Refuse, before anything runs, a prompt whose explicit attention scores cannot fit:
     one layer's scores and softmax ([B, H, T, S] each, alive together) must take at most
-    half of the memory available."""
+    half of the memory available.  Fused attention (the default) materialises no scores:
+    a program without explicit layers is never refused."""
     heads = max((int(op.attrs.get("num_heads") or 0) for op in program.ops if op.kind == "scores"), default=0)
     if not heads:
         return
@@ -129,5 +136,6 @@ def check_attention_memory(program, batch: int, tokens: int, keys: int, dtype, a
     if avail is not None and need > avail // 2:
         raise TraceError(f"a {tokens}-token prompt needs {need / 2**30:.1f} GiB for one layer's attention scores "
                          f"and softmax ([{batch}, {heads}, {tokens}, {keys}] x 2, {dtype_name(dtype)}); "
-                         f"{avail / 2**30:.1f} GiB is available: use a shorter prompt (at most about "
+                         f"{avail / 2**30:.1f} GiB is available: use attention='fused' (the default; no scores "
+                         f"materialised) or a shorter prompt (at most about "
                          f"{int((avail // 2 / (2 * batch * heads * itemsize)) ** 0.5)} tokens here)")
