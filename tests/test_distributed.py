@@ -191,6 +191,10 @@ def test_bad_input_is_one_line_per_rank(ckpts):
     assert lines and all("covers 4 layers; the model has 6" in ln for ln in lines), r.stderr
     assert any(ln.startswith("workbench distributed: rank ") for ln in lines), r.stderr
     assert "Traceback" not in r.stderr and r.stdout == ""
+    # rank 0 refuses the ids after the plan: the rank waiting on it says so in one line, no hang
+    r = _launch(2, [str(ckpts["gemma4_text"]), "--ids", "2,999"])
+    assert "workbench distributed: rank 0: token id 999 out of range" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
     # without a launcher (one process): exit 2, one line
     p = subprocess.run([sys.executable, "-m", "workbench.cli", "distributed", str(ckpts["llama"]), "--ids", "2,999"],
                        cwd=str(ROOT), capture_output=True, text=True, timeout=60)

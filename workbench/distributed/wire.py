@@ -32,13 +32,24 @@ def _bytes_array(data: bytes) -> mx.array:
     return mx.array(np.frombuffer(data, dtype=np.uint8))
 
 
+def _lost(peer: int, group, e: Exception) -> WireError:
+    return WireError(f"rank {group.rank()}: lost the connection to rank {peer} (it stopped; its own message "
+                     f"says why): {str(e).strip() or type(e).__name__}")
+
+
 def _send(x: mx.array, dst: int, group) -> None:
-    mx.eval(mx.distributed.send(x, dst, group=group))
+    try:
+        mx.eval(mx.distributed.send(x, dst, group=group))
+    except RuntimeError as e:
+        raise _lost(dst, group, e) from None
 
 
 def _recv(shape, dtype, src: int, group) -> mx.array:
-    x = mx.distributed.recv(shape, dtype, src, group=group)
-    mx.eval(x)
+    try:
+        x = mx.distributed.recv(shape, dtype, src, group=group)
+        mx.eval(x)
+    except RuntimeError as e:
+        raise _lost(src, group, e) from None
     return x
 
 
@@ -88,12 +99,19 @@ def gather_bytes(data: bytes, group) -> list[bytes]:
     size = group.size()
     if size == 1:
         return [data]
-    lengths = mx.distributed.all_gather(mx.array([len(data)], dtype=mx.int64), group=group)
-    lengths = [int(n) for n in np.array(lengths).reshape(-1)]
+    try:
+        lengths = mx.distributed.all_gather(mx.array([len(data)], dtype=mx.int64), group=group)
+        lengths = [int(n) for n in np.array(lengths).reshape(-1)]
+    except RuntimeError as e:
+        raise WireError(f"rank {group.rank()}: gathering from every rank failed (a rank stopped; its own "
+                        f"message says why): {str(e).strip() or type(e).__name__}") from None
     if len(lengths) != size or any(not 0 <= n < 2**31 for n in lengths):
         raise WireError(f"the ranks' message lengths {lengths} are not what {size} ranks send: "
                         "a rank failed or runs another program")
     longest = max(lengths)
     padded = data + bytes(longest - len(data))
-    got = np.array(mx.distributed.all_gather(_bytes_array(padded), group=group)).reshape(size, longest)
+    try:
+        got = np.array(mx.distributed.all_gather(_bytes_array(padded), group=group)).reshape(size, longest)
+    except RuntimeError as e:
+        raise WireError(f"rank {group.rank()}: gathering from every rank failed: {str(e).strip()}") from None
     return [bytes(got[r, : lengths[r]]) for r in range(size)]
