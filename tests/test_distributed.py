@@ -63,7 +63,7 @@ def test_plan_sends_what_later_ranks_read(ckpts):
     sizes = {n: m.checkpoint.info(n).nbytes for n in m.tensor_names}
     assert make_plan(m.program, 2, None, sizes).layers == [(0, 2), (3, 5)]
     for bad, msg in (([3, 2], "covers 5 layers; the model has 6"), ([6, 0], "at least one layer"),
-                     ([6], "1 layer counts for 2 ranks")):
+                     ([6], "1 layer count for 2 ranks")):
         with pytest.raises(UsageError, match=msg):
             make_plan(m.program, 2, bad)
 
@@ -186,24 +186,24 @@ def test_ranks_equal_one_process(ckpts, tmp_path, arch, ranks, extra):
 
 
 def test_bad_input_is_one_line_per_rank(ckpts):
-    r = _launch(2, [str(ckpts["gemma4_text"]), "--ids", "2,15", "--layers", "2,2"])
-    lines = [ln for ln in r.stderr.splitlines() if "workbench distributed:" in ln]
-    assert lines and all("covers 4 layers; the model has 6" in ln for ln in lines), r.stderr
-    assert any(ln.startswith("workbench distributed: rank ") for ln in lines), r.stderr
-    assert "Traceback" not in r.stderr and r.stdout == ""
     # rank 0 refuses the ids after the plan: the rank waiting on it says so in one line, no hang
     r = _launch(2, [str(ckpts["gemma4_text"]), "--ids", "2,999"])
-    assert "workbench distributed: rank 0: token id 999 out of range" in r.stderr, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if "workbench distributed:" in ln]
+    assert "workbench distributed: rank 0: token id 999 out of range for a vocabulary of 256" in lines, r.stderr
+    assert all(ln.startswith("workbench distributed: rank ") for ln in lines), r.stderr
     assert "Traceback" not in r.stderr and r.stdout == ""
     # without a launcher (one process): exit 2, one line
-    p = subprocess.run([sys.executable, "-m", "workbench.cli", "distributed", str(ckpts["llama"]), "--ids", "2,999"],
-                       cwd=str(ROOT), capture_output=True, text=True, timeout=60)
-    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "out of range" in p.stderr, p.stderr
-
+    for args, msg in ((["--ids", "2,999"], "out of range"),
+                      (["--ids", "2,15", "--layers", "7"], "--layers 7 covers 7 layers; the model has 6"),
+                      (["--ids", "2,15", "--attention", "x"], "--attention: 'x' is not an integer")):
+        p = subprocess.run([sys.executable, "-m", "workbench.cli", "distributed", str(ckpts["gemma4_text"]), *args],
+                           cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2 and p.stderr.count("\n") == 1 and msg in p.stderr, p.stderr
 
 def test_a_padded_batch_with_full_capture(ckpts, tmp_path):
-    """The library call on every rank: a left-padded batch (its mask crosses as bool) and
-    capture="full" (values stay on their rank; the steps and logits come to rank 0)."""
+    """The library call on every rank: a left-padded batch (its mask crosses as bool),
+    capture="full" (values stay on their rank; the steps and logits come to rank 0), and
+    explicit attention on layers 2 and 5 (layer 5 attends to layer 2's keys across ranks)."""
     path = ckpts["gemma4_text"]
     batch = [[2, 15, 16, 17, 40, 99], [2, 99, 7]]
     out = tmp_path / "logits.npy"
@@ -211,13 +211,15 @@ def test_a_padded_batch_with_full_capture(ckpts, tmp_path):
     script.write_text(
         "import io, json, sys\nimport numpy as np\nimport workbench\n"
         "from workbench.distributed import trace_distributed\n"
-        f"t = trace_distributed({str(path)!r}, {batch!r}, capture='full')\n"
+        f"t = trace_distributed({str(path)!r}, {batch!r}, capture='full', attention=[2, 5])\n"
         "if t is not None:\n"
         f"    np.save({str(out)!r}, np.array(t.logits), allow_pickle=False)\n"
         "    print(json.dumps(t.records()))\n")
     r = _launch(2, [], script=script)
     assert "Traceback" not in r.stderr and "WARN" not in r.stderr, r.stderr
-    ref = workbench.load(path).trace(batch, capture="full")
+    ref = workbench.load(path).trace(batch, capture="full", attention=[2, 5])
     ref.run()
-    _same_steps(json.loads(r.stdout), ref.records())
+    steps = json.loads(r.stdout)
+    assert "layers.5.self_attn.softmax" in [s["name"] for s in steps]
+    _same_steps(steps, ref.records())
     np.testing.assert_allclose(np.load(out), np.array(ref.logits), rtol=1e-5, atol=1e-6)

@@ -2,7 +2,7 @@
 
     mlx.launch --backend ring -n 2 -- python -m workbench.cli distributed PATH
         (--prompt TEXT | --ids 1,2,3) [--layers 3,3] [--dtype D] [--capture stats|full|none|PATTERN]
-        [--logits OUT.npy] [--json]
+        [--attention fused|explicit|LAYERS] [--logits OUT.npy] [--json]
 
 Every rank runs the same command; each steps its own layers (rank 0 also the embeddings,
 the last rank the final norm, lm_head and logits) and only rank 0 prints: the ranks (host,
@@ -28,6 +28,8 @@ def add_arguments(p):
                    help="compute dtype (default: the checkpoint's storage dtype)")
     p.add_argument("--capture", action="append",
                    help="stats (default) | full | none | an op name pattern (repeatable)")
+    p.add_argument("--attention", help="fused (default) | explicit | layers to make explicit, e.g. 3,5 "
+                                       "(their scores and softmax become steps)")
     p.add_argument("--logits", help="write the logits to this .npy file (float32, rank 0)")
     p.add_argument("--top", type=int, default=5, help="ops closest to overflow to list (default 5)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -42,6 +44,14 @@ def _capture(values):
         from workbench.errors import UsageError
         raise UsageError("--capture: stats, full and none stand alone (patterns may repeat)")
     return list(values)
+
+
+def _attention(value):
+    if value is None or value in ("fused", "explicit"):
+        return value
+    from workbench.distributed.plan import parse_split
+
+    return parse_split(value, "--attention")
 
 
 def run(args) -> int:
@@ -64,7 +74,7 @@ def run(args) -> int:
         if args.prompt is not None and not args.prompt:
             raise UsageError("--prompt is empty")
         t = trace_distributed(args.path, what, capture=_capture(args.capture), dtype=args.dtype,
-                              split=split, group=group)
+                              split=split, group=group, attention=_attention(args.attention))
     except (UsageError, WireError, ValueError, KeyError) as e:
         msg = str(e).strip().strip("'\"").splitlines()[0] if str(e).strip() else type(e).__name__
         raise UsageError(f"rank {rank}: {msg}" if size > 1 and not msg.startswith("rank ") else msg) from None

@@ -41,17 +41,18 @@ def layer_count(program: Program) -> int:
     return max(layers) + 1
 
 
-def parse_split(text: str) -> list[int]:
-    """``--layers 3,3`` -> [3, 3]; anything else is a UsageError naming the bad part."""
+def parse_split(text: str, option: str = "--layers") -> list[int]:
+    """``--layers 3,3`` -> [3, 3] (also ``--attention 3,5``: layer numbers); anything else
+    is a UsageError naming the bad part."""
     parts = [p.strip() for p in text.split(",") if p.strip()]
     out = []
     for p in parts:
         try:
             out.append(int(p))
         except ValueError:
-            raise UsageError(f"--layers: {p!r} is not a layer count (expected counts per rank, e.g. 3,3)") from None
+            raise UsageError(f"{option}: {p!r} is not an integer (expected comma-separated integers, e.g. 3,3)") from None
     if not out:
-        raise UsageError("--layers is empty: give one layer count per rank, e.g. 3,3")
+        raise UsageError(f"{option} is empty: give comma-separated integers, e.g. 3,3")
     return out
 
 
@@ -136,7 +137,8 @@ def make_plan(program: Program, size: int, split: list[int] | None = None, tenso
     if split is not None:
         split = [int(c) for c in split]
         if len(split) != size:
-            raise UsageError(f"--layers gives {len(split)} layer counts for {size} ranks (one count per rank)")
+            raise UsageError(f"--layers gives {len(split)} layer count{'s' if len(split) != 1 else ''} for "
+                             f"{size} rank{'s' if size != 1 else ''} (one count per rank; mlx.launch -n sets the ranks)")
         if any(c < 1 for c in split):
             raise UsageError(f"--layers {','.join(map(str, split))}: every rank needs at least one layer")
         if sum(split) != n:

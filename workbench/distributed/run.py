@@ -134,7 +134,7 @@ def _one_line(e: BaseException) -> str:
 
 
 def trace_distributed(path, prompt_or_ids, capture="stats", dtype=None, *, split=None, group=None,
-                      pad_id: int | None = None) -> DistributedTrace | None:
+                      pad_id: int | None = None, attention=None) -> DistributedTrace | None:
     """Trace the checkpoint at ``path`` split by layers over the processes of ``group``
     (default ``mx.distributed.init()``: the ranks ``mlx.launch`` started, or this process
     alone).
@@ -143,12 +143,19 @@ def trace_distributed(path, prompt_or_ids, capture="stats", dtype=None, *, split
     :class:`DistributedTrace` (steps of every rank in program order, logits); the other
     ranks return None.  ``split``: layer counts per rank (default: balanced by the bytes
     of the tensors each rank reads).  ``capture``: "stats" | "full" | name patterns |
-    None, applied on every rank (values stay on their rank).
+    None, applied on every rank (values stay on their rank).  ``attention``: as
+    ``model.trace(attention=...)``: None (the model's program, fused), "fused", "explicit"
+    or the layers whose attention runs as explicit scores -> softmax -> context steps.
     """
     group = group if group is not None else mx.distributed.init()
     rank, size = group.rank(), group.size()
     ck, model, read = _open(path, dtype)
     program = model.program
+    if attention is not None:
+        try:
+            program = model.program_for(attention)
+        except (ValueError, KeyError, TypeError) as e:
+            raise UsageError(f"attention={attention!r}: {_one_line(e)}") from None
     sizes = {n: ck.info(n).nbytes for n in model.tensor_names}
     plan = make_plan(program, size, split, sizes)
     sub = plan.subprogram(rank)
