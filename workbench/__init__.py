@@ -11,12 +11,16 @@ def blas_status() -> dict:
     return dict(_blas.STATUS)
 
 
-def load(path, dtype=None, granularity="auto", library=None):
+def load(path, dtype=None, granularity="auto", library=None, attention="fused", memory_budget=None,
+         progress=None):
     """Open a checkpoint as a runnable model (see workbench.models.load): our op program
-    where one exists, else (or with granularity="module") the reference's own modules."""
+    where one exists, else (or with granularity="module") the reference's own modules.
+    attention: "fused" (default), "explicit" or the layers whose scores/softmax are steps.
+    memory_budget: bytes or "8GB": stream the weights layer by layer within it."""
     from workbench.models import load as _load
 
-    return _load(path, dtype=dtype, granularity=granularity, library=library)
+    return _load(path, dtype=dtype, granularity=granularity, library=library, attention=attention,
+                 memory_budget=memory_budget, progress=progress)
 
 
 def inspect(path, values=False, **kw):

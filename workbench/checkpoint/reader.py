@@ -405,9 +405,13 @@ class Checkpoint:
     def __contains__(self, name: str) -> bool:
         return name in self._canon or name in self.tensors
 
-    def load(self, name: str):
+    def load(self, name: str, keep: bool = True):
         """The tensor as an ``mx.array``, lazy: MLX reads it from the file when evaluated.
-        Raises CheckpointError (naming file, tensor and byte offset) if it cannot be read."""
+        Raises CheckpointError (naming file, tensor and byte offset) if it cannot be read.
+
+        ``keep=False``: the reader keeps no reference to the array, so its memory is freed
+        when the caller drops it (streamed weights: :mod:`workbench.models.streaming`); a
+        later load of the same tensor reads the file again."""
         import mlx.core as mx
 
         t = self.info(name)
@@ -421,10 +425,10 @@ class Checkpoint:
         if raw.dtype not in ("F64", "F8_E4M3", "F8_E5M2", "F8_E8M0") and not any(p["severity"] == "error" for p in sf.problems):
             try:
                 d = self._mx_cache.get(t.file)
-                if d is None:
+                if d is None or t.source_name not in d:  # (not kept: taken out of the dict below)
                     d = mx.load(sf.path)
                     self._mx_cache[t.file] = d
-                arr = d[t.source_name]
+                arr = d[t.source_name] if keep else d.pop(t.source_name)
             except Exception:  # noqa: BLE001 - fall back to the checked numpy path below
                 arr = None
         if arr is None:

@@ -82,6 +82,10 @@ class Weights(Mapping):
     def get(self, name, default=None):
         return self[name] if name in self.raw else default
 
+    def release(self) -> None:
+        """Forget the converted tensors (streamed weights: :mod:`workbench.models.streaming`)."""
+        self._memo.clear()
+
     def __contains__(self, name) -> bool:
         return name in self.raw
 
@@ -145,8 +149,14 @@ class Model(TextCodec):
     ``execute(model.program, model.context(...), model.feeds(ids))["logits"]``
     """
 
+    #: the programs per attention choice (workbench.models.attention.Programs; set by load)
+    programs = None
+
     def __init__(self, family: str, config, text_config: dict, checkpoint, program: Program,
-                 tensor_names: Sequence[str], tokenizer=None, windows=None, path=None):
+                 tensor_names: Sequence[str], tokenizer=None, windows=None, path=None,
+                 tensors: Mapping[str, mx.array] | None = None):
+        """``tensors``: the checkpoint tensors by canonical name (default: read from the
+        checkpoint on first use and kept; a streamed model passes its own)."""
         self.family = family
         self.family_config = config  # the family's Config dataclass (typed values)
         self.config = text_config  # config.json's (text) dict, as written
@@ -157,7 +167,7 @@ class Model(TextCodec):
         self.num_layers = int(config.num_hidden_layers)
         self.vocab_size = int(config.vocab_size)
         self._windows = windows or {"attn_mask": None}
-        self._raw = _LazyTensors(checkpoint, tensor_names)
+        self._raw = _LazyTensors(checkpoint, tensor_names) if tensors is None else tensors
         self._weights: dict[mx.Dtype, Weights] = {}
         self.dtype = self._storage_dtype()
         self.default_dtype = self.dtype
@@ -192,6 +202,15 @@ class Model(TextCodec):
         uniform = dtype is not None or self.default_dtype != self.dtype
         return Context(dtype=dt, weights=self.weights(dt), cache=cache, model=self, uniform=uniform)
 
+    def program_for(self, attention=None) -> Program:
+        """The op program with attention as asked ("fused", "explicit" or layers; None:
+        ``self.program``, load's choice), built once per choice and kept."""
+        if attention is None:
+            return self.program
+        if self.programs is None:
+            raise ValueError("this model was not built by workbench.load: no attention choice")
+        return self.programs.get(attention)
+
     def make_cache(self) -> KVCache:
         return KVCache(self.num_layers)
 
@@ -211,16 +230,19 @@ class Model(TextCodec):
     # -- introspection
     def op_tensors(self, op_name: str) -> dict[str, mx.array]:
         """Every checkpoint tensor the op reads (weight, scales, biases, bias ...), as stored."""
-        op = self.program[op_name]
-        out = {}
+        return {n: self._raw[n] for n in self.op_tensor_names(self.program[op_name])}
+
+    def op_tensor_names(self, op) -> list[str]:
+        """The checkpoint tensors an op reads: its params, or their weight, scales, biases ..."""
+        out = []
         for p in op.params:
             if p in self._raw:
-                out[p] = self._raw[p]
+                out.append(p)
                 continue
             for suffix in ("weight", "scales", "biases", "bias", "global_scale"):
                 n = f"{p}.{suffix}"
                 if n in self._raw:
-                    out[n] = self._raw[n]
+                    out.append(n)
         return out
 
     @property

@@ -172,6 +172,8 @@ def generate(model, prompt, max_tokens: int = 16, capture="stats", dtype=None, *
     sampler = Sampler(temperature, top_p, top_k, seed)
     ids, mask, batched = prepare_ids(model, prompt, pad_id)
     cache = model.make_cache()
+    if memory_budget is None:  # a streamed model: what its budget leaves beside the weights
+        memory_budget = getattr(model, "capture_budget", None)
     store = ValueStore(memory_budget, spill_dir)
     kw = dict(capture=capture, dtype=dtype, interventions=interventions, store=store)
     t = _trace(model, ids, cache=cache, attention_mask=mask, key_prefix="0/", **kw)

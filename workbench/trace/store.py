@@ -19,6 +19,7 @@ from collections import OrderedDict
 import mlx.core as mx
 
 from workbench import fsio
+from workbench.sizes import parse_bytes
 
 DEFAULT_BUDGET = int(os.environ.get("WORKBENCH_CAPTURE_BUDGET", 2 * 2**30))
 #: free space left on the spill filesystem after a spill (bytes)
@@ -36,7 +37,8 @@ def _remove_dir(d: str) -> None:
 
 class ValueStore:
     def __init__(self, budget: int | None = None, spill_dir: str | None = None):
-        self.budget = DEFAULT_BUDGET if budget is None else int(budget)
+        self.budget = DEFAULT_BUDGET if budget is None else (
+            int(budget) if isinstance(budget, int) and budget >= 0 else parse_bytes(budget, "memory_budget"))
         self._mem: OrderedDict[str, mx.array] = OrderedDict()
         self._disk: dict[str, str] = {}
         self._bytes = 0

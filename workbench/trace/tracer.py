@@ -31,6 +31,7 @@ from typing import Any, Callable, Mapping
 import mlx.core as mx
 import numpy as np
 
+from workbench.progress import start as start_progress
 from workbench.program import Program, name_matches
 from workbench.trace import stats as _stats
 from workbench.trace.interventions import Intervention, normalize as _norm_iv
@@ -53,9 +54,19 @@ class Trace:
         op in float32 for the NaN hunt, and to replay when going back over a cache op).
     tensors: ``f(op_name) -> {name: array}``, the checkpoint tensors an op reads (the
         hunt checks them for non-finite values).
-    memory_budget: bytes of captured values kept in memory before spilling to disk.
+    memory_budget: bytes of captured values kept in memory before spilling to disk (an int
+        or a size like ``"2GB"``; None: a streamed model's ``capture_budget``, else the default).
     flush_bytes: evaluate pending statistics once the waiting values pass this size.
     batched, ids, attention_mask: what the model-level entry ran (see :func:`workbench.trace.entry.trace`).
+    progress: a progress bar over the segments (:mod:`workbench.progress`): None takes the
+        model's ``progress`` for a streamed model (automatic: slow runs, in a terminal or a
+        notebook) and shows none otherwise; True / False: always / never.
+
+    Streaming: a ``model`` with a ``release_weights`` method (a streamed model,
+    :mod:`workbench.models.streaming`) has its program run in segments, the maximal runs
+    of ops of one ``op.layer``: at the end of each, every live value and the KV cache are
+    evaluated and ``model.release_weights()`` drops the weights read so far, whatever runs
+    the ops (``run``, ``step``, going back, recomputation).
     """
 
     def __init__(self, program: Program, ctx: Any, feeds: Mapping[str, mx.array], *,
@@ -64,7 +75,7 @@ class Trace:
                  memory_budget: int | None = None, spill_dir: str | None = None,
                  flush_bytes: int = 512 * 2**20, store: ValueStore | None = None,
                  key_prefix: str = "", model: Any = None, batched: bool = True,
-                 ids: mx.array | None = None, attention_mask: mx.array | None = None):
+                 ids: mx.array | None = None, attention_mask: mx.array | None = None, progress=None):
         missing = [n for n in program.inputs if n not in feeds]
         if missing:
             raise TraceError(f"feeds lack program input(s) {', '.join(missing)}")
@@ -83,7 +94,20 @@ class Trace:
         self._ops = program.ops
         self._last_use = program.last_use()
         self._last_name = program.ops[-1].name
+        self._release = getattr(model, "release_weights", None)
+        if memory_budget is None and store is None:
+            memory_budget = getattr(model, "capture_budget", None)
         self._store = store if store is not None else ValueStore(memory_budget, spill_dir)
+        #: op indices that end a segment, the last op's too (streamed models only)
+        n = len(self._ops)
+        self._ends = frozenset(i for i in range(n) if i == n - 1 or self._ops[i].layer != self._ops[i + 1].layer) \
+            if self._release else frozenset()
+        if progress is None and self._release is not None:
+            progress = getattr(model, "progress", None)
+        elif progress is None:
+            progress = False
+        self.progress = progress
+        self._bar = None
         self._prefix = key_prefix
         self._set_capture(capture)
         self.breakpoints: list = []
@@ -212,16 +236,30 @@ class Trace:
         if len(undo) > _UNDO_DEPTH:
             undo.popitem(last=False)
         self.position = i + 1
-        if not record:
-            return None
-        step = Step(op.name, op.kind, op.layer, i, self._input_shapes(i, args),
-                    out.shape, dtype_str(out.dtype), None, labels)
-        self._steps.append(step)
-        keep = op.name in self._keep
-        if self._stats_on or keep:
-            self._pending.append((step, out, keep))
-            self._pending_bytes += out.nbytes
+        step = None
+        if record:
+            step = Step(op.name, op.kind, op.layer, i, self._input_shapes(i, args),
+                        out.shape, dtype_str(out.dtype), None, labels)
+            self._steps.append(step)
+            keep = op.name in self._keep
+            if self._stats_on or keep:
+                self._pending.append((step, out, keep))
+                self._pending_bytes += out.nbytes
+        if i in self._ends:
+            self._segment_end(i)
         return step
+
+    def _segment_end(self, i: int) -> None:
+        """Streaming: evaluate what is live (pending statistics and captures with it), then
+        let the model drop the weights read so far."""
+        self._flush(also=self._live_values(self._env))
+        self._release()
+        if self._bar is not None:
+            self._bar.update(sum(1 for j in self._ends if j <= i), self._ops[i].name)
+
+    def _live_values(self, env) -> list:
+        cache = getattr(self.ctx, "cache", None)
+        return [v for k, v in env.items() if k not in self._feeds] + list(getattr(cache, "state", ()))
 
     def _flush(self, wait: bool = False, also=()) -> None:
         """Evaluate every pending op (and captured value, and ``also``) with one ``mx.eval``;
@@ -285,6 +323,16 @@ class Trace:
         ``wait=False``: the values are evaluated, but the last batch's statistics may still be
         computing in the background (the steps get them when next read through the trace).
         """
+        self._bar = start_progress(len(self._ends), "segments", self.progress) if self.progress is not False \
+            else None
+        try:
+            return self._run(until, wait)
+        finally:
+            if self._bar is not None:
+                self._bar.close()
+                self._bar = None
+
+    def _run(self, until, wait):
         n = len(self._ops)
         end = n
         if until is not None:
@@ -550,6 +598,9 @@ class Trace:
             for s in o.inputs:
                 if self._last_use.get(s) == j and s not in self._feeds and s not in op.inputs:
                     env.pop(s, None)
+            if j in self._ends:  # streaming: evaluated segment by segment, as the trace ran
+                mx.eval([v for k, v in env.items() if k not in self._feeds] + list(getattr(cache, "state", ())))
+                self._release()
         return [env[s] for s in op.inputs], cache
 
     def inputs(self, name: str) -> list[tuple[str, mx.array]]:
