@@ -94,9 +94,10 @@ def run(args) -> int:
         print(json.dumps(doc, allow_nan=False))
         return 0
     for r in t.ranks:
+        rss = "" if r.get("peak_rss") is None else f", peak RSS {r['peak_rss'] / 2**20:.0f} MiB"
         print(f"rank {r['rank']} on {r['host']}: layers {r['layers'][0]}-{r['layers'][1]}, {r['ops']} ops, "
               f"{len(r['tensors'])} tensors read, {r['seconds']:.3f} s (waited {r['waited']:.3f} s), "
-              f"sent {r['sent_bytes']} bytes onward")
+              f"sent {r['sent_bytes']} bytes onward{rss}")
     print(f"{len(t.steps)} ops traced in program order; logits {list(t.logits.shape)}, "
           f"last position's top token {top}")
     rows = t.headroom(args.top)

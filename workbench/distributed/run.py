@@ -30,7 +30,7 @@ from workbench.trace.tracer import Trace
 class DistributedTrace:
     """What rank 0 gets back: every rank's steps in program order, the logits, and what each
     rank ran (``ranks``: rank, host, layers, ops, tensors read, seconds stepping, seconds
-    waiting for the rank before, bytes sent to the rank after).
+    waiting for the rank before, bytes sent to the rank after, peak resident bytes).
 
     The values themselves stay on the rank that computed them; ``steps`` carry the
     statistics (the capture setting's, as in a one-process trace)."""
@@ -128,6 +128,18 @@ def _open(path, dtype):
     return ck, model, read
 
 
+def _peak_rss() -> int | None:
+    """This process's peak resident memory in bytes (None where unknown)."""
+    try:
+        import resource
+        import sys
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(peak) if sys.platform == "darwin" else int(peak) * 1024
+    except (ImportError, OSError):
+        return None
+
+
 def _one_line(e: BaseException) -> str:
     text = str(e).strip().strip("'\"")
     return text.splitlines()[0] if text else type(e).__name__
@@ -206,7 +218,7 @@ def trace_distributed(path, prompt_or_ids, capture="stats", dtype=None, *, split
         rec["index"] = plan.ranks[rank][rec["index"]]
     part = {"rank": rank, "host": socket.gethostname(), "layers": list(plan.layers[rank]), "ops": len(sub),
             "tensors": sorted(set(read)), "seconds": round(seconds, 4), "waited": round(waited, 4),
-            "sent_bytes": sent, "records": records}
+            "sent_bytes": sent, "peak_rss": _peak_rss(), "records": records}
     parts = [json.loads(b) for b in gather_bytes(json.dumps(part).encode(), group)]
     if size == 1:
         logits = trace.logits
