@@ -168,68 +168,79 @@ def trace_distributed(path, prompt_or_ids, capture="stats", dtype=None, *, split
             program = model.program_for(attention)
         except (ValueError, KeyError, TypeError) as e:
             raise UsageError(f"attention={attention!r}: {_one_line(e)}") from None
-    sizes = {n: ck.info(n).nbytes for n in model.tensor_names}
-    plan = make_plan(program, size, split, sizes)
+    plan = make_plan(program, size, split, {n: ck.info(n).nbytes for n in model.tensor_names})
     sub = plan.subprogram(rank)
     cap = _capture_for(capture, program, sub)
     ctx = model.context(dtype)
     fingerprint = {"program": plan.fingerprint(), "dtype": dtype_name(ctx.dtype), "capture": repr(capture),
                    "size": size}
-    waited, sent = 0.0, 0
+    waited = 0.0
     if rank == 0:
         ids, mask, batched = prepare_ids(model, prompt_or_ids, pad_id)
         received: dict = {}
     else:
         t = time.perf_counter()
-        meta, received = recv_bundle(rank - 1, group)
+        ids, mask, batched, received = _receive(rank, group, fingerprint)
         waited = time.perf_counter() - t
-        theirs = {k: meta.get(k) for k in fingerprint}
-        if theirs != fingerprint:
-            diff = ", ".join(f"{k} {theirs[k]!r} there, {fingerprint[k]!r} here"
-                             for k in fingerprint if theirs[k] != fingerprint[k])
-            raise UsageError(f"rank {rank} and rank {rank - 1} do not run the same trace ({diff}): "
-                             "give every rank the same checkpoint, dtype, capture and --layers")
-        ids, mask, batched = received.pop("@ids"), received.pop("@mask", None), bool(meta["batched"])
     start = time.perf_counter()
     feeds = dict(model.feeds(ids, attention_mask=mask))
     feeds.update(received)
-    T = int(ids.shape[1])
-    check_attention_memory(sub, int(ids.shape[0]), T, T, ctx.dtype)
-    trace = Trace(sub, ctx, feeds, capture=cap, context=lambda dt, cache: model.context(dt, cache=cache),
-                  tensors=model.op_tensors, model=model, batched=batched, ids=ids, attention_mask=mask)
     try:
+        check_attention_memory(sub, int(ids.shape[0]), int(ids.shape[1]), int(ids.shape[1]), ctx.dtype)
+        trace = Trace(sub, ctx, feeds, capture=cap, context=lambda dt, cache: model.context(dt, cache=cache),
+                      tensors=model.op_tensors, model=model, batched=batched, ids=ids, attention_mask=mask)
+        sent = 0
         if rank < size - 1:
-            out = {"@ids": ids} if mask is None else {"@ids": ids, "@mask": mask}
-            for name in plan.sends[rank]:
-                if name in received:  # made before this rank: forwarded
-                    out[name] = received[name]
-                else:
-                    trace.run(until=name, wait=False)
-                    out[name] = trace.value(name)
-            trace.run(wait=False)
+            out = _run_and_collect(trace, plan.sends[rank], received)
+            out.update({"@ids": ids} if mask is None else {"@ids": ids, "@mask": mask})
             sent = send_bundle(out, dict(fingerprint, batched=batched), rank + 1, group)
-        else:
-            trace.run(wait=False)
+        trace.run(wait=False)
         records = trace.records()
     except TraceError as e:
         raise UsageError(f"rank {rank}: {_one_line(e)}") from None
-    seconds = time.perf_counter() - start
     for rec in records:
         rec["index"] = plan.ranks[rank][rec["index"]]
     part = {"rank": rank, "host": socket.gethostname(), "layers": list(plan.layers[rank]), "ops": len(sub),
-            "tensors": sorted(set(read)), "seconds": round(seconds, 4), "waited": round(waited, 4),
-            "sent_bytes": sent, "peak_rss": _peak_rss(), "records": records}
+            "tensors": sorted(set(read)), "seconds": round(time.perf_counter() - start, 4),
+            "waited": round(waited, 4), "sent_bytes": sent, "peak_rss": _peak_rss(), "records": records}
     parts = [json.loads(b) for b in gather_bytes(json.dumps(part).encode(), group)]
-    if size == 1:
-        logits = trace.logits
-    elif rank == size - 1:
+    if size > 1 and rank == size - 1:
         send_bundle({"logits": trace.logits}, {"rank": rank}, 0, group)
-        return None
-    elif rank == 0:
-        _, got = recv_bundle(size - 1, group)
-        logits = got["logits"]
     if rank != 0:
         return None
+    logits = trace.logits if size == 1 else recv_bundle(size - 1, group)[1]["logits"]
+    return DistributedTrace(program, _in_program_order(parts), logits, parts, ctx.dtype, batched, ids, plan)
+
+
+def _receive(rank: int, group, fingerprint: dict):
+    """(ids, mask, batched, values) from the rank before, after checking it runs the same trace."""
+    meta, received = recv_bundle(rank - 1, group)
+    theirs = {k: meta.get(k) for k in fingerprint}
+    if theirs != fingerprint:
+        diff = ", ".join(f"{k} {theirs[k]!r} there, {fingerprint[k]!r} here"
+                         for k in fingerprint if theirs[k] != fingerprint[k])
+        raise UsageError(f"rank {rank} and rank {rank - 1} do not run the same trace ({diff}): "
+                         "give every rank the same checkpoint, dtype, capture, attention and --layers")
+    if "@ids" not in received:
+        raise WireError(f"rank {rank - 1} sent no token ids")
+    return received.pop("@ids"), received.pop("@mask", None), bool(meta.get("batched")), received
+
+
+def _run_and_collect(trace: Trace, names: list[str], received: dict) -> dict:
+    """Step ``trace`` through each of ``names`` this rank makes (in program order) and
+    collect its value as it is made; names received from the rank before are forwarded."""
+    out = {}
+    for name in names:
+        if name in received:
+            out[name] = received[name]
+        else:
+            trace.run(until=name, wait=False)
+            out[name] = trace.value(name)
+    return out
+
+
+def _in_program_order(parts: list[dict]) -> list[Step]:
+    """Every rank's records (popped from ``parts``) as Steps, checked to be in program order."""
     steps, last = [], -1
     for p in parts:
         for rec in p.pop("records"):
@@ -238,5 +249,4 @@ def trace_distributed(path, prompt_or_ids, capture="stats", dtype=None, *, split
                                 "program order")
             last = rec["index"]
             steps.append(_step_from(rec))
-    return DistributedTrace(program, steps, logits, parts, ctx.dtype, batched, ids, plan)
-
+    return steps
