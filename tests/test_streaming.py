@@ -143,6 +143,24 @@ def test_hunt_recompute_streams(llama):
     assert set(m.loaded) <= set(m.op_tensor_names(m.program[name]))
 
 
+def test_progress_bar(llama, capsys, monkeypatch):
+    from workbench import progress
+
+    m = workbench.load(llama, memory_budget="64MB")
+    m(mx.array([IDS]))  # automatic: stderr is not a terminal here, no notebook: nothing shown
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(progress, "DELAY", 0.0)
+    m = workbench.load(llama, memory_budget="64MB", progress=True)
+    t = m.trace(IDS)
+    t.run()
+    err = capsys.readouterr().err
+    n = len(segments(m))
+    assert f"segments: {n}/{n} done" in err and err.endswith("\n")
+    t = workbench.load(llama, memory_budget="64MB", progress=False).trace(IDS)
+    t.run()
+    assert capsys.readouterr().err == ""
+
+
 def test_module_level_model_refuses_a_budget(llama):
     with pytest.raises(ValueError, match="memory_budget: streaming runs op programs"):
         workbench.load(llama, granularity="module", memory_budget="1GB")

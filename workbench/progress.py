@@ -42,14 +42,14 @@ def _stderr_is_tty() -> bool:
         return False
 
 
-def start(total: int, label: str, enabled: bool | None = None, delay: float = DELAY):
-    """A :class:`Bar` (or None when ``enabled`` rules it out)."""
+def start(total: int, label: str, enabled: bool | None = None, delay: float | None = None):
+    """A :class:`Bar` (or None when ``enabled`` rules it out); ``delay`` default :data:`DELAY`."""
     if enabled is False:
         return None
     notebook = in_notebook()
     if enabled is None and not (notebook or _stderr_is_tty()):
         return None
-    return Bar(total, label, notebook, delay)
+    return Bar(total, label, notebook, DELAY if delay is None else delay)
 
 
 class Bar:

@@ -254,8 +254,9 @@ class Trace:
         let the model drop the weights read so far."""
         self._flush(also=self._live_values(self._env))
         self._release()
-        if self._bar is not None:
-            self._bar.update(sum(1 for j in self._ends if j <= i), self._ops[i].name)
+        if self._bar is not None:  # (the segment now running, named by its first op)
+            self._bar.update(sum(1 for j in self._ends if j <= i),
+                             self._ops[i + 1].name if i + 1 < len(self._ops) else "done")
 
     def _live_values(self, env) -> list:
         cache = getattr(self.ctx, "cache", None)
