@@ -14,6 +14,7 @@ import pytest
 import mlx.core as mx
 import workbench
 from workbench import zoo
+from workbench.cli import main as cli_main
 from workbench.models.streaming import StreamedModel, segments
 from workbench.sizes import parse_bytes
 
@@ -48,8 +49,16 @@ def llama(tmp_path_factory):
 def test_bad_budget_is_one_clear_error(llama):
     with pytest.raises(ValueError, match=r"memory_budget 'lots' is not a size"):
         workbench.load(llama, memory_budget="lots")
-    with pytest.raises(ValueError, match=r"memory_budget 1000 B is below the weights of (layers\.\d|embed_tokens)"):
+    with pytest.raises(ValueError, match=r"memory_budget 1000 bytes \(1000 B\) is below the weights of "
+                                         r"(layers\.\d|embed_tokens)"):
         workbench.load(llama, memory_budget=1000)
+    # a compute dtype whose converted copies do not fit is refused when it is asked for
+    m = workbench.load(llama, memory_budget=workbench.load(llama, memory_budget="1GB").largest_segment.nbytes)
+    with pytest.raises(ValueError, match=r"below the weights of layers\.\d .* in float16"):
+        m.trace(IDS, dtype="float16")
+    # the CLI: one line, exit 2
+    assert cli_main(["hunt", str(llama), "--ids", "2,3", "--memory-budget", "lots"]) == 2
+    assert cli_main(["hunt", str(llama), "--ids", "2,3", "--memory-budget", "64MB", "--json"]) == 0
     with pytest.raises(ValueError, match="progress must be None, True or False"):
         workbench.load(llama, memory_budget="1GB", progress="yes")
 

@@ -32,7 +32,7 @@ from typing import Iterable, Mapping
 
 import mlx.core as mx
 
-from workbench.dtypes import parse_dtype
+from workbench.dtypes import dtype_name, parse_dtype
 from workbench.models.model import Model
 from workbench.sizes import fmt_bytes
 
@@ -143,6 +143,7 @@ class StreamedModel(Model):
                  memory_budget: int, progress=None, **kw):
         self._stream = StreamingTensors(checkpoint, tensor_names)
         self._converted: dict = {}
+        self._checked: set = set()  # compute dtypes whose weights were checked against the budget
         super().__init__(family, config, text_config, checkpoint, program, tensor_names,
                          tensors=self._stream, **kw)
         self._stream.release()  # (the storage dtype was read from a tensor's header: lazy, never evaluated)
@@ -159,10 +160,20 @@ class StreamedModel(Model):
         """The largest segment; a ValueError naming it when it does not fit the budget."""
         seg = max(segments(self, program, dtype), key=lambda s: s.nbytes)
         if seg.nbytes > self.memory_budget:
-            raise ValueError(f"memory_budget {fmt_bytes(self.memory_budget)} is below the weights of "
-                             f"{seg.label} ({fmt_bytes(seg.nbytes)}, read whole while it runs): raise the "
-                             "budget or compute in a smaller dtype")
+            raise ValueError(f"memory_budget {self.memory_budget} bytes ({fmt_bytes(self.memory_budget)}) is "
+                             f"below the weights of {seg.label} ({seg.nbytes} bytes, {fmt_bytes(seg.nbytes)}, read "
+                             f"whole while it runs, in {dtype_name(parse_dtype(dtype) or self.default_dtype)}): "
+                             "raise the budget or compute in the storage dtype")
         return seg
+
+    def context(self, dtype=None, cache=None):
+        """As :meth:`Model.context`; a compute dtype whose converted weights would not fit
+        the budget is refused (ValueError naming the segment)."""
+        dt = parse_dtype(dtype) or self.default_dtype
+        if dt not in self._checked:
+            self.check_budget(dtype=dt)
+            self._checked.add(dt)
+        return super().context(dtype, cache)
 
     @property
     def largest_segment(self) -> Segment:

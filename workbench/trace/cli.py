@@ -1,6 +1,7 @@
 """Find the first op whose output holds NaN or Inf, and why.
 
-    workbench hunt PATH (--prompt TEXT | --ids 1,2,3) [--dtype float16|bfloat16|float32] [--json]
+    workbench hunt PATH (--prompt TEXT | --ids 1,2,3) [--dtype float16|bfloat16|float32]
+                   [--memory-budget SIZE] [--json]
 
 Runs the checkpoint's forward op by op with statistics of every op, stops at the first
 op with a NaN, +Inf or -Inf element (counted per element) and names its cause:
@@ -22,6 +23,9 @@ def add_arguments(p):
     src.add_argument("--ids", help="comma-separated token ids, e.g. 2,15,16")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
                    help="compute dtype (default: the checkpoint's storage dtype)")
+    p.add_argument("--memory-budget", metavar="SIZE",
+                   help="stream the weights layer by layer within SIZE (bytes, '8GB', '512MiB'): "
+                        "checkpoints larger than memory")
     p.add_argument("--top", type=int, default=5, help="ops closest to overflow to list (default 5)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -42,7 +46,7 @@ def run(args) -> int:
     from workbench.trace.step import TraceError
 
     try:
-        model = workbench.load(args.path)
+        model = workbench.load(args.path, memory_budget=args.memory_budget)
     except Exception as e:  # any failure to open is unusable input, reported in one line
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UsageError(f"cannot load {args.path}: {msg}") from None
