@@ -223,3 +223,21 @@ def test_a_padded_batch_with_full_capture(ckpts, tmp_path):
     assert "layers.5.self_attn.softmax" in [s["name"] for s in steps]
     _same_steps(steps, ref.records())
     np.testing.assert_allclose(np.load(out), np.array(ref.logits), rtol=1e-5, atol=1e-6)
+
+
+def test_ranks_that_disagree_stop_with_one_line(ckpts, tmp_path):
+    """Rank 1 asked for another compute dtype than rank 0: it names the difference, no hang."""
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import os, sys\nimport workbench\nfrom workbench.errors import UsageError\n"
+        "from workbench.distributed import WireError, trace_distributed\n"
+        "dtype = 'float32' if os.environ['MLX_RANK'] == '0' else 'bfloat16'\n"
+        "try:\n"
+        f"    trace_distributed({str(ckpts['llama'])!r}, [2, 15, 16], dtype=dtype)\n"
+        "except (UsageError, WireError) as e:  # rank 0 then loses rank 1\n"
+        "    print(f'error: {e}', file=sys.stderr)\n"
+        "    sys.exit(2)\n")
+    r = _launch(2, [], script=script)
+    assert ("error: rank 1 and rank 0 do not run the same trace (dtype 'float32' there, 'bfloat16' here)"
+            in r.stderr), r.stderr
+    assert "Traceback" not in r.stderr

@@ -14,5 +14,6 @@ arrays between ranks, gathering bytes), run.py (:func:`trace_distributed`), cli.
 """
 from workbench.distributed.plan import Plan, balanced_split, make_plan
 from workbench.distributed.run import DistributedTrace, trace_distributed
+from workbench.distributed.wire import WireError
 
-__all__ = ["trace_distributed", "DistributedTrace", "Plan", "make_plan", "balanced_split"]
+__all__ = ["trace_distributed", "DistributedTrace", "Plan", "make_plan", "balanced_split", "WireError"]

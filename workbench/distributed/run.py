@@ -203,7 +203,7 @@ def trace_distributed(path, prompt_or_ids, capture="stats", dtype=None, *, split
     part = {"rank": rank, "host": socket.gethostname(), "layers": list(plan.layers[rank]), "ops": len(sub),
             "tensors": sorted(set(read)), "seconds": round(time.perf_counter() - start, 4),
             "waited": round(waited, 4), "sent_bytes": sent, "peak_rss": _peak_rss(), "records": records}
-    parts = [json.loads(b) for b in gather_bytes(json.dumps(part).encode(), group)]
+    parts = _parts(gather_bytes(json.dumps(part).encode(), group), rank)
     if size > 1 and rank == size - 1:
         send_bundle({"logits": trace.logits}, {"rank": rank}, 0, group)
     if rank != 0:
@@ -237,6 +237,21 @@ def _run_and_collect(trace: Trace, names: list[str], received: dict) -> dict:
             trace.run(until=name, wait=False)
             out[name] = trace.value(name)
     return out
+
+
+def _parts(blobs: list[bytes], rank: int) -> list[dict]:
+    """Every rank's part, checked: a rank that stopped leaves no readable part (MLX's ring
+    backend may hand back zeros for it rather than raise)."""
+    parts = []
+    for r, b in enumerate(blobs):
+        try:
+            p = json.loads(b)
+        except ValueError:
+            p = None
+        if not isinstance(p, dict) or p.get("rank") != r or not isinstance(p.get("records"), list):
+            raise WireError(f"rank {rank}: rank {r}'s steps did not arrive (it stopped; its own message says why)")
+        parts.append(p)
+    return parts
 
 
 def _in_program_order(parts: list[dict]) -> list[Step]:
