@@ -203,7 +203,8 @@ def test_bad_input_is_one_line_per_rank(ckpts):
 def test_a_padded_batch_with_full_capture(ckpts, tmp_path):
     """The library call on every rank: a left-padded batch (its mask crosses as bool),
     capture="full" (values stay on their rank; the steps and logits come to rank 0), and
-    explicit attention on layers 2 and 5 (layer 5 attends to layer 2's keys across ranks)."""
+    explicit attention on layers 2 and 5 (layer 5 attends to layer 2's keys across ranks),
+    and an intervention on rank 1's ops (applied there, recorded in its steps)."""
     path = ckpts["gemma4_text"]
     batch = [[2, 15, 16, 17, 40, 99], [2, 99, 7]]
     out = tmp_path / "logits.npy"
@@ -211,16 +212,22 @@ def test_a_padded_batch_with_full_capture(ckpts, tmp_path):
     script.write_text(
         "import io, json, sys\nimport numpy as np\nimport workbench\n"
         "from workbench.distributed import trace_distributed\n"
-        f"t = trace_distributed({str(path)!r}, {batch!r}, capture='full', attention=[2, 5])\n"
+        "from workbench.trace import zero_head\n"
+        f"t = trace_distributed({str(path)!r}, {batch!r}, capture='full', attention=[2, 5],\n"
+        "                      interventions=[zero_head('layers.4.self_attn.context', head=1)])\n"
         "if t is not None:\n"
         f"    np.save({str(out)!r}, np.array(t.logits), allow_pickle=False)\n"
         "    print(json.dumps(t.records()))\n")
     r = _launch(2, [], script=script)
     assert "Traceback" not in r.stderr and "WARN" not in r.stderr, r.stderr
-    ref = workbench.load(path).trace(batch, capture="full", attention=[2, 5])
+    from workbench.trace import zero_head
+
+    ref = workbench.load(path).trace(batch, capture="full", attention=[2, 5],
+                                     interventions=[zero_head("layers.4.self_attn.context", head=1)])
     ref.run()
     steps = json.loads(r.stdout)
     assert "layers.5.self_attn.softmax" in [s["name"] for s in steps]
+    assert [s["name"] for s in steps if s["intervened"]] == ["layers.4.self_attn.context"]
     _same_steps(steps, ref.records())
     np.testing.assert_allclose(np.load(out), np.array(ref.logits), rtol=1e-5, atol=1e-6)
 

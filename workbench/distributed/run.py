@@ -23,6 +23,7 @@ from workbench.distributed.wire import WireError, gather_bytes, recv_bundle, sen
 from workbench.dtypes import dtype_name
 from workbench.errors import UsageError
 from workbench.trace.entry import check_attention_memory, prepare_ids
+from workbench.trace.interventions import normalize as normalize_interventions
 from workbench.trace.step import Step, TraceError
 from workbench.trace.tracer import Trace
 
@@ -104,6 +105,15 @@ def _capture_for(capture, program, sub):
     return pats if sub.match(pats) else "stats"
 
 
+def _interventions_for(interventions, program, sub) -> list:
+    """The interventions that apply to this rank's ops (each must match some op somewhere)."""
+    ivs = normalize_interventions(interventions)
+    for iv in ivs:
+        if not program.match(iv.pattern):
+            raise UsageError(f"intervention {iv.label!r} matches no op of this program")
+    return [iv for iv in ivs if sub.match(iv.pattern)]
+
+
 def _open(path, dtype):
     """The checkpoint (its tensor reads recorded) and the model at op granularity."""
     from workbench.checkpoint import open_checkpoint
@@ -146,7 +156,7 @@ def _one_line(e: BaseException) -> str:
 
 
 def trace_distributed(path, prompt_or_ids, capture="stats", dtype=None, *, split=None, group=None,
-                      pad_id: int | None = None, attention=None) -> DistributedTrace | None:
+                      pad_id: int | None = None, attention=None, interventions=None) -> DistributedTrace | None:
     """Trace the checkpoint at ``path`` split by layers over the processes of ``group``
     (default ``mx.distributed.init()``: the ranks ``mlx.launch`` started, or this process
     alone).
@@ -158,6 +168,9 @@ def trace_distributed(path, prompt_or_ids, capture="stats", dtype=None, *, split
     None, applied on every rank (values stay on their rank).  ``attention``: as
     ``model.trace(attention=...)``: None (the model's program, fused), "fused", "explicit"
     or the layers whose attention runs as explicit scores -> softmax -> context steps.
+    ``interventions``: as ``model.trace(interventions=...)`` (workbench.trace.patch,
+    zero_head ... or ``{pattern: fn}``); each rank applies those that match its ops, so
+    every rank's script must define them alike.
     """
     group = group if group is not None else mx.distributed.init()
     rank, size = group.rank(), group.size()
@@ -171,9 +184,10 @@ def trace_distributed(path, prompt_or_ids, capture="stats", dtype=None, *, split
     plan = make_plan(program, size, split, {n: ck.info(n).nbytes for n in model.tensor_names})
     sub = plan.subprogram(rank)
     cap = _capture_for(capture, program, sub)
+    ivs = _interventions_for(interventions, program, sub)
     ctx = model.context(dtype)
     fingerprint = {"program": plan.fingerprint(), "dtype": dtype_name(ctx.dtype), "capture": repr(capture),
-                   "size": size}
+                   "size": size, "interventions": [iv.label for iv in normalize_interventions(interventions)]}
     waited = 0.0
     if rank == 0:
         ids, mask, batched = prepare_ids(model, prompt_or_ids, pad_id)
@@ -187,7 +201,8 @@ def trace_distributed(path, prompt_or_ids, capture="stats", dtype=None, *, split
     feeds.update(received)
     try:
         check_attention_memory(sub, int(ids.shape[0]), int(ids.shape[1]), int(ids.shape[1]), ctx.dtype)
-        trace = Trace(sub, ctx, feeds, capture=cap, context=lambda dt, cache: model.context(dt, cache=cache),
+        trace = Trace(sub, ctx, feeds, capture=cap, interventions=ivs,
+                      context=lambda dt, cache: model.context(dt, cache=cache),
                       tensors=model.op_tensors, model=model, batched=batched, ids=ids, attention_mask=mask)
         sent = 0
         if rank < size - 1:
@@ -220,7 +235,7 @@ def _receive(rank: int, group, fingerprint: dict):
         diff = ", ".join(f"{k} {theirs[k]!r} there, {fingerprint[k]!r} here"
                          for k in fingerprint if theirs[k] != fingerprint[k])
         raise UsageError(f"rank {rank} and rank {rank - 1} do not run the same trace ({diff}): "
-                         "give every rank the same checkpoint, dtype, capture, attention and --layers")
+                         "give every rank the same checkpoint, dtype, capture, attention, interventions and --layers")
     if "@ids" not in received:
         raise WireError(f"rank {rank - 1} sent no token ids")
     return received.pop("@ids"), received.pop("@mask", None), bool(meta.get("batched")), received
