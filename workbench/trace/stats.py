@@ -4,9 +4,12 @@ The trace hands a batch of lazy op outputs to :class:`Pending`, which evaluates 
 with one ``mx.eval`` and reduces each to min, max, sum, sum of squares (in float32) and
 its number of exact zeros:
 
-* on the GPU, as lazy MLX reductions added to the same graph (:func:`device_stats`: one
-  compiled partial reduction per group of same-shape outputs, read back as one array and
-  finished on the host in float64);
+* on a CUDA GPU, by one custom kernel per chunk of up to 32 outputs of a dtype
+  (:func:`cuda_parts`): each output read once, exact NaN / Inf / fill counts in the same
+  pass, queued with ``mx.async_eval`` so the trace synchronises once, when it reads them;
+* on other GPUs (Metal), as lazy MLX reductions added to the same graph
+  (:func:`device_stats`: one compiled partial reduction per group of same-shape outputs,
+  read back as one array and finished on the host in float64);
 * on the CPU, through zero-copy numpy views of the evaluated outputs
   (:func:`host_packed`: vectorised passes over memory that is still in cache, BLAS dot
   products for the sums), in a background thread; MLX's CPU reductions take a slower
@@ -273,6 +276,7 @@ class Pending:
                  host: bool | None = None):
         self._dicts = None
         self._future = None
+        self._cuda = None
         if not values:
             if also:
                 eval_here(list(also))
@@ -290,12 +294,22 @@ class Pending:
             else:
                 self._dicts = run()
             return
+        if on_cuda():
+            # queued, not waited for: the one synchronisation comes when the stats are read
+            flat, layout = cuda_parts(values)
+            self._cuda = ([(v.size, v.dtype) for v in values], flat, layout)
+            mx.async_eval(([flat] if flat is not None else []) + list(also))
+            return
         self._dicts = device_stats(values, also)
 
     def result(self) -> list[dict]:
         if self._dicts is None:
-            self._dicts = self._future.result()
-            self._future = None
+            if self._cuda is not None:
+                self._dicts = cuda_finish(*self._cuda)
+                self._cuda = None
+            else:
+                self._dicts = self._future.result()
+                self._future = None
         return self._dicts
 
 
@@ -478,3 +492,172 @@ def jsonable(v):
     if isinstance(v, (list, tuple)):
         return [jsonable(x) for x in v]
     return v
+
+
+# --------------------------------------------------------------------------- CUDA path
+#: On MLX's CUDA backend one custom kernel reduces up to _K op outputs of one dtype at a
+#: time, reading each output once (no stacked copy, no float32 temporary): block b of input
+#: j folds a grid-stride slice into max / min over the finite non-fill elements, their sum
+#: and sum of squares (float64), and the counts of zeros, mask fill, NaN, +Inf and -Inf.
+#: The host adds the blocks' partials in float64, so every op gets its exact counts in the
+#: same single pass (no second pass for non-finite ops).  The kernels are queued with
+#: ``mx.async_eval``: the trace synchronises with the device once, when it reads the
+#: statistics (:meth:`Pending.result`), not per batch.
+_K = 32
+_THREADS = 256
+_CUDA_KERNELS: dict = {}
+
+_CUDA_HEADER = r"""
+#define WB_INF __int_as_float(0x7f800000)
+"""
+
+_CUDA_BODY = r"""
+  const int j = blockIdx.y;
+  const T* x = in0;
+  switch (j) {
+@CASES@
+  }
+  const long long n = sizes[j];
+  const float fv = fillv[0];
+  float hi = -WB_INF, lo = WB_INF;
+  double s = 0.0, ss = 0.0;
+  unsigned int zeros = 0, fill = 0, nans = 0, pinf = 0, ninf = 0;
+  const long long step = (long long)gridDim.x * blockDim.x;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
+    const float v = static_cast<float>(x[i]);
+    if (v == 0.0f) { zeros++; }
+    if (v != v) { nans++; }
+    else if (v == WB_INF) { pinf++; }
+    else if (v == -WB_INF) { ninf++; }
+    else if (v == fv) { fill++; }
+    else { hi = fmaxf(hi, v); lo = fminf(lo, v); s += (double)v; ss += (double)v * (double)v; }
+  }
+  for (int off = 16; off > 0; off >>= 1) {
+    hi = fmaxf(hi, __shfl_down_sync(0xffffffffu, hi, off));
+    lo = fminf(lo, __shfl_down_sync(0xffffffffu, lo, off));
+    s += __shfl_down_sync(0xffffffffu, s, off);
+    ss += __shfl_down_sync(0xffffffffu, ss, off);
+    zeros += __shfl_down_sync(0xffffffffu, zeros, off);
+    fill += __shfl_down_sync(0xffffffffu, fill, off);
+    nans += __shfl_down_sync(0xffffffffu, nans, off);
+    pinf += __shfl_down_sync(0xffffffffu, pinf, off);
+    ninf += __shfl_down_sync(0xffffffffu, ninf, off);
+  }
+  __shared__ float s_hi[32], s_lo[32];
+  __shared__ double s_s[32], s_ss[32];
+  __shared__ unsigned int s_c[5][32];
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  if (lane == 0) {
+    s_hi[w] = hi; s_lo[w] = lo; s_s[w] = s; s_ss[w] = ss;
+    s_c[0][w] = zeros; s_c[1][w] = fill; s_c[2][w] = nans; s_c[3][w] = pinf; s_c[4][w] = ninf;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int nw = (blockDim.x + 31) >> 5;
+    for (int k = 1; k < nw; ++k) {
+      hi = fmaxf(hi, s_hi[k]); lo = fminf(lo, s_lo[k]); s += s_s[k]; ss += s_ss[k];
+      zeros += s_c[0][k]; fill += s_c[1][k]; nans += s_c[2][k]; pinf += s_c[3][k]; ninf += s_c[4][k];
+    }
+    const long long o = (long long)j * gridDim.x + blockIdx.x;
+    fout[o * 2] = hi;
+    fout[o * 2 + 1] = lo;
+    reinterpret_cast<double*>(dout)[o * 2] = s;
+    reinterpret_cast<double*>(dout)[o * 2 + 1] = ss;
+    uout[o * 5] = zeros; uout[o * 5 + 1] = fill; uout[o * 5 + 2] = nans;
+    uout[o * 5 + 3] = pinf; uout[o * 5 + 4] = ninf;
+  }
+"""
+
+
+def on_cuda() -> bool:
+    """Whether MLX computes on a CUDA GPU (then statistics use :func:`cuda_parts`)."""
+    import os
+
+    if os.environ.get("WORKBENCH_STATS_CUDA", "1") == "0":
+        return False
+    cuda = getattr(mx, "cuda", None)
+    return (cuda is not None and mx.default_device().type == mx.DeviceType.gpu
+            and bool(cuda.is_available()))
+
+
+def _cuda_kernel(k: int):
+    fn = _CUDA_KERNELS.get(k)
+    if fn is None:
+        cases = "\n".join(f"    case {j}: x = in{j}; break;" for j in range(1, k))
+        fn = _CUDA_KERNELS[k] = mx.fast.cuda_kernel(
+            name=f"workbench_stats_{k}", input_names=[f"in{j}" for j in range(k)] + ["sizes", "fillv"],
+            output_names=["fout", "dout", "uout"], source=_CUDA_BODY.replace("@CASES@", cases),
+            header=_CUDA_HEADER, ensure_row_contiguous=True)
+    return fn
+
+
+def _blocks(n: int) -> int:
+    """Blocks per input: enough to fill the GPU for large outputs, one for small ones."""
+    return max(1, min(256, -(-n // (_THREADS * 16))))
+
+
+def cuda_parts(values: Sequence[mx.array]):
+    """Lazy per-block partials of ``values`` (empty ones skipped): one custom kernel per
+    chunk of up to ``_K`` outputs of one float dtype (other dtypes are reduced as float32
+    copies).  Returns ``(flat, layout)``: every kernel's outputs as one lazy uint32 array
+    (one copy back to the host) and, per chunk, ``(indices, nb)``."""
+    by_dtype: dict = {}
+    for i, v in enumerate(values):
+        if not v.size:
+            continue
+        x = v if v.dtype in (mx.float32, mx.float16, mx.bfloat16) else v.astype(mx.float32)
+        by_dtype.setdefault(x.dtype, []).append((v.size, i, x.reshape(-1)))
+    pieces, layout = [], []
+    for dt, items in by_dtype.items():
+        items.sort(key=lambda t: t[0])  # similar sizes share a kernel (and its block count)
+        fillv = mx.array([-(dtype_max(dt))], mx.float32)  # the dtype's lowest finite value
+        for c in range(0, len(items), _K):
+            chunk = items[c:c + _K]
+            k = len(chunk)
+            nb = _blocks(chunk[-1][0])
+            sizes = mx.array([n for n, _, _ in chunk], mx.int64)
+            f, d, u = _cuda_kernel(k)(
+                inputs=[x for _, _, x in chunk] + [sizes, fillv], template=[("T", dt)],
+                grid=(nb * _THREADS, k, 1), threadgroup=(_THREADS, 1, 1),
+                output_shapes=[(k, nb, 2), (k, nb, 4), (k, nb, 5)],
+                output_dtypes=[mx.float32, mx.uint32, mx.uint32])
+            pieces += [mx.view(f, mx.uint32).reshape(-1), d.reshape(-1), u.reshape(-1)]
+            layout.append(([i for _, i, _ in chunk], nb))
+    if not pieces:
+        return None, layout
+    return (mx.concatenate(pieces) if len(pieces) > 1 else pieces[0]), layout
+
+
+def cuda_finish(meta: Sequence[tuple], flat, layout) -> list[dict]:
+    """The stats dicts from :func:`cuda_parts`' (evaluated) partials; ``meta``: (size,
+    dtype) of every output (the outputs themselves need not be alive any more)."""
+    out: list = [None if n else _finish(None, 0, dtype_max(dt)) for n, dt in meta]
+    if flat is None:
+        return out
+    words = np.array(flat)
+    at = 0
+    for idx, nb in layout:
+        k = len(idx)
+        F = words[at: at + k * nb * 2].view(np.float32).reshape(k, nb, 2).astype(np.float64)
+        at += k * nb * 2
+        D = words[at: at + k * nb * 4].view(np.float64).reshape(k, nb, 2)
+        at += k * nb * 4
+        U = words[at: at + k * nb * 5].reshape(k, nb, 5).astype(np.int64)
+        at += k * nb * 5
+        combine_partials(meta, idx, F, D, U, out)
+    return out
+
+
+def combine_partials(meta, idx, F: np.ndarray, D: np.ndarray, U: np.ndarray, out: list) -> None:
+    """Fold per-block partials ``F`` [k, nb, 2] (max, min), ``D`` [k, nb, 2] (sum, sum of
+    squares, float64) and ``U`` [k, nb, 5] (zeros, fill, NaN, +Inf, -Inf) of the outputs
+    ``meta[idx[j]]`` = (size, dtype) into their stats dicts (written into ``out``)."""
+    hi = F[:, :, 0].max(axis=1)
+    lo = F[:, :, 1].min(axis=1)
+    sums = D.sum(axis=1)
+    cnt = U.sum(axis=1)
+    for j, i in enumerate(idx):
+        n, dt = meta[i]
+        e = np.array([cnt[j, 2], cnt[j, 3], cnt[j, 4], lo[j], hi[j], sums[j, 0], sums[j, 1], cnt[j, 1]],
+                     dtype=np.float64)
+        out[i] = _finish(np.array([0, 0, 0, 0, cnt[j, 0]], dtype=np.float64), n, dtype_max(dt), e)
