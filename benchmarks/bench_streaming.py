@@ -75,6 +75,7 @@ def main(argv=None) -> int:
         print("bench_streaming reads /proc/self: Linux only", file=sys.stderr)
         return 2
     from workbench import zoo
+    from workbench.dtypes import dtype_name
     from workbench.sizes import fmt_bytes, parse_bytes
 
     budget = parse_bytes(a.budget, "--budget")
@@ -93,6 +94,8 @@ def main(argv=None) -> int:
         cfg = model.family_config
         hidden, ffn = int(cfg.hidden_size), int(getattr(cfg, "intermediate_size", 4 * cfg.hidden_size))
         itemsize = model.default_dtype.size
+        shape = (f"{model.family}, {model.num_layers} layers, d={hidden}, ffn={ffn}, "
+                 f"{dtype_name(model.default_dtype)}{', quantized' if model.checkpoint.quant_config.default else ''}")
         activations = a.tokens * (16 * max(hidden, ffn) + int(cfg.vocab_size)) * itemsize
         kept = model.capture_budget if a.capture == "full" else 0  # captured values held before spilling
         bound = (seg.nbytes + kept + activations) * 1.2
@@ -108,7 +111,7 @@ def main(argv=None) -> int:
                 runs[kind].append(json.loads(r.stdout.strip().splitlines()[-1]))
     med = {k: {m: statistics.median(r[m] for r in v) for m in ("growth", "wall", "spilled")} for k, v in runs.items()}
     s, h = med["streamed"], med["held"]
-    print(f"checkpoint {fmt_bytes(on_disk)} ({a.layers} layers, d={a.hidden}, ffn={a.ffn}, float32), budget "
+    print(f"checkpoint {fmt_bytes(on_disk)} ({shape}), budget "
           f"{fmt_bytes(budget)} ({on_disk / budget:.2f}x smaller), {a.tokens} tokens, capture={a.capture}, "
           f"{a.reps} reps (medians)")
     print(f"peak RSS growth: streamed {fmt_bytes(s['growth'])}, held {fmt_bytes(h['growth'])}; bound "
