@@ -37,8 +37,9 @@ def moe():
     return workbench.load(paths.DEMO_MOE)
 
 
-def _logits(model, text, interventions=None, capture=None):
-    tr = workbench.trace(model, text, capture=capture, dtype="float32", interventions=interventions)
+def _logits(model, text, interventions=None, capture=None, attention=None):
+    tr = workbench.trace(model, text, capture=capture, dtype="float32", interventions=interventions,
+                         attention=attention)
     tr.run()
     return tr
 
@@ -291,7 +292,7 @@ def test_induction_detection_ranks_the_named_heads_top(demo):
 def test_induction_score_is_the_attention_at_the_offset(demo):
     r = C.induction_scores(demo, seq_len=5, batch=3, seed=1)
     assert r.ids.shape == (3, 11) and not (set(r.ids[:, 1:].ravel()) & {0, 1, 2, 3})  # no special tokens
-    tr = _logits(demo, mx.array(r.ids), capture=["layers.1.self_attn.softmax"])
+    tr = _logits(demo, mx.array(r.ids), capture=["layers.1.self_attn.softmax"], attention=[1])
     a = np.array(tr.value("layers.1.self_attn.softmax"))
     want = np.mean([a[b, 2, q, q - 4] for b in range(3) for q in range(6, 11)])
     assert r.scores[1, 2] == pytest.approx(want, abs=1e-6)

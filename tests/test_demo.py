@@ -197,7 +197,7 @@ def test_tracer_attention_matches_hand_computed_pattern(demo):
     prompt = "apple river stone cloud tree | apple river stone"
     ids = demo.tokenizer.encode(prompt).ids
     ref = attention_patterns(demo.mlx_lm_model, ids)[layer, head]
-    tr = workbench.trace(demo.model, ids, capture=[f"layers.{layer}.self_attn.softmax"])
+    tr = workbench.trace(demo.model, ids, capture=[f"layers.{layer}.self_attn.softmax"], attention=[layer])
     tr.run()
     got = np.array(tr.value(f"layers.{layer}.self_attn.softmax").astype(mx.float32))[0, head]
     assert got.shape == ref.shape == (len(ids), len(ids))

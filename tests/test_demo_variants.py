@@ -99,7 +99,7 @@ def test_sliding_layers_see_nothing_beyond_the_window_full_layers_do(window_stud
 def test_kv_shared_layers_read_the_earlier_layers_cache(kv):
     """Layer 4 (sliding) attends over layer 2's keys, layer 5 (full) over layer 3's."""
     for layer, source in ((4, 2), (5, 3)):
-        inputs = " ".join(kv.program[f"layers.{layer}.self_attn.scores"].inputs)
+        inputs = " ".join(kv.program[f"layers.{layer}.self_attn.context"].inputs)
         assert f"layers.{source}." in inputs and f"layers.{layer}.self_attn.k" not in inputs, inputs
         assert f"layers.{layer}.self_attn.k_proj" not in kv.program.names
 

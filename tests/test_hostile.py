@@ -549,22 +549,25 @@ def test_lab_token_is_on_no_command_line(tmp_path):
 
 
 def test_a_prompt_whose_attention_cannot_fit_is_refused_before_running(tmp_path):
-    """A 60,000-token prompt on the demo: one line, exit 2, the limit named; memory stays small."""
+    """A 60,000-token prompt on the demo with explicit attention: one line, exit 2, the limit named;
+    memory stays small.  Fused attention (the default) materialises no scores: not refused."""
     from workbench.demo.paths import DEMO
     from workbench.trace.entry import check_attention_memory
     import workbench
     from workbench.trace import TraceError
 
     model = workbench.load(DEMO)
-    with pytest.raises(TraceError, match=r"needs \d+\.\d GiB .* use a shorter prompt"):
-        check_attention_memory(model.program, 1, 30000, 30000, model.default_dtype, available=2**30)
-    check_attention_memory(model.program, 1, 64, 64, model.default_dtype, available=2**30)  # fits: no error
+    explicit = model.program_for("explicit")
+    with pytest.raises(TraceError, match=r"needs \d+\.\d GiB .* attention='fused'.* or a shorter prompt"):
+        check_attention_memory(explicit, 1, 30000, 30000, model.default_dtype, available=2**30)
+    check_attention_memory(explicit, 1, 64, 64, model.default_dtype, available=2**30)  # fits: no error
+    check_attention_memory(model.program, 1, 30000, 30000, model.default_dtype, available=2**30)  # fused
     ids = ",".join(["5"] * 60000)  # 54 GiB of bfloat16 scores: refused on any machine this runs on
     import resource
     import subprocess
     import sys
     t0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    r = subprocess.run([sys.executable, "-m", "workbench.cli", "hunt", str(DEMO), "--ids", ids],
+    r = subprocess.run([sys.executable, "-m", "workbench.cli", "hunt", str(DEMO), "--ids", ids, "--attention", "explicit"],
                        capture_output=True, text=True, timeout=300)
     t1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     assert r.returncode == 2, r.stderr

@@ -26,7 +26,7 @@ SCORES = "layers.{}.self_attn.scores"
 
 @pytest.fixture(scope="module")
 def demo():
-    model = workbench.load(DEMO)
+    model = workbench.load(DEMO, attention="explicit")  # the engine's scores and softmax are steps
     ids = model.encode(PROMPT)
     emu = Emulator(model, ids)
     plan = emu.plan()

@@ -28,7 +28,7 @@ def demo():
 
 @pytest.fixture(scope="module")
 def tr(demo):
-    t = workbench.trace(demo, PROMPT, capture="full")
+    t = workbench.trace(demo, PROMPT, capture="full", attention="explicit")
     t.run()
     return t
 
@@ -77,16 +77,18 @@ def test_from_trace_reads_the_softmax_and_the_tokens(demo, tr):
     np.testing.assert_array_equal(w.values, soft[2])
     np.testing.assert_allclose(w.values.sum(-1), 1.0, rtol=1e-5)
     assert np.all(np.triu(w.values, 1) == 0)
+    # fused attention (the default), nothing kept: the probabilities recomputed for the layer
     stats = workbench.trace(demo, PROMPT, capture="stats")
     stats.run()
-    with pytest.raises(KeyError, match="not captured"):
-        AttentionView.from_trace(stats, layer=1)
+    f = AttentionView.from_trace(stats, layer=1, head=2)
+    assert f.title == "layers.1.self_attn.context"
+    np.testing.assert_allclose(f.values, soft[2], atol=1e-6)
     with pytest.raises(ValueError, match="layers.9.self_attn.softmax: no such op"):
         AttentionView.from_trace(tr, layer=9)
 
 
 def test_debugger_shows_the_view_on_a_softmax_step(demo):
-    t = workbench.trace(demo, PROMPT, capture="full")
+    t = workbench.trace(demo, PROMPT, capture="full", attention="explicit")
     d = StepDebugger(t, head=3)
     d.run_to("layers.1.self_attn.scores")                # before the softmax: a note, no view
     assert d.attention_box.layout.display is None and d.attention.layout.display == "none"

@@ -48,9 +48,9 @@ def test_step_button_advances_and_shows_the_op(model):
 
 
 def test_stepping_through_the_widget_equals_running(model):
-    tr_ref = workbench.trace(model, IDS, capture="full")
+    tr_ref = workbench.trace(model, IDS, capture="full", attention="explicit")
     tr_ref.run()
-    tr = workbench.trace(model, IDS, capture="full")
+    tr = workbench.trace(model, IDS, capture="full", attention="explicit")
     w = StepDebugger(tr)
     for _ in range(20):
         w.step()
@@ -175,7 +175,8 @@ def test_clicks_from_a_subshell_thread_run_on_the_widget_thread(model):
     ran_on = []
 
     async def main():
-        tr = workbench.trace(fresh, IDS, capture="full", interventions=[inject(bad, float("nan"), index=3)])
+        tr = workbench.trace(fresh, IDS, capture="full", interventions=[inject(bad, float("nan"), index=3)],
+                             attention="explicit")
         w = StepDebugger(tr)
         real_run = tr.run
         tr.run = lambda *a, **k: (ran_on.append(threading.current_thread().name), real_run(*a, **k))[1]

@@ -125,10 +125,11 @@ def prompt(model, text_or_ids) -> Prompt:
     return Prompt(ids, mask)
 
 
-def run(model, p: Prompt, capture=None, interventions=None, dtype=DEFAULT_DTYPE):
-    """A finished :class:`~workbench.trace.Trace` of ``model`` on ``p``."""
+def run(model, p: Prompt, capture=None, interventions=None, dtype=DEFAULT_DTYPE, attention=None):
+    """A finished :class:`~workbench.trace.Trace` of ``model`` on ``p`` (``attention``: as
+    ``model.trace`` takes it; "explicit" for the softmax steps)."""
     tr = wtrace.trace(model, p.ids, capture=capture, dtype=dtype, interventions=interventions or None,
-                      attention_mask=p.mask)
+                      attention_mask=p.mask, attention=attention)
     tr.run()
     return tr
 

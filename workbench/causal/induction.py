@@ -6,7 +6,7 @@ In the second half the next token is predictable only by induction: find where t
 current token occurred before and copy the token that followed it.  An induction head
 attends from the second occurrence of ``r_i`` to the first occurrence of ``r_{i+1}``,
 i.e. ``n - 1`` positions back (``n`` with a separator).  Its score is the mean attention weight (from
-``layers.{i}.self_attn.softmax``) at that offset over the second half of every sequence,
+``layers.{i}.self_attn.softmax``, run with explicit attention) at that offset over the second half of every sequence,
 0..1.  The previous-token score (weight on the position just before) comes with it: the
 two-layer induction circuit needs a previous-token head in an earlier layer.
 
@@ -86,9 +86,10 @@ def induction_scores(model, seq_len: int = 8, batch: int = 8, seed: int = 0, poo
     format like the demo's ``w1 .. wn | w1 .. wn``."""
     ids = repeated_tokens(model, seq_len, batch, seed, pool, sep)
     names = [f"layers.{i}.self_attn.softmax" for i in range(model.num_layers)]
-    for n in names:
-        require_op(model, n)
-    tr = run(model, Prompt(mx.array(ids), None), capture=names, dtype=dtype)
+    for i in range(model.num_layers):
+        require_op(model, f"layers.{i}.self_attn.context")
+    # the probabilities are the softmax steps: explicit attention for this run
+    tr = run(model, Prompt(mx.array(ids), None), capture=names, dtype=dtype, attention="explicit")
     T, n = ids.shape[1], seq_len
     q2 = np.arange(T - n, T)               # the second half's positions
     back = n - 1 if sep is None else n     # from r_i's second occurrence to r_{i+1}'s first

@@ -241,7 +241,7 @@ def window_study(model, n_per_task: int = 40) -> dict:
 
     cfg = model.config
     W = cfg["sliding_window"]
-    tr = workbench.trace(model, FAR_RECALL, capture="full", dtype="float32")
+    tr = workbench.trace(model, FAR_RECALL, capture="full", dtype="float32", attention="explicit")
     tr.run()
     T = len(tr.ids[0])
     mass, on_answer = [], []

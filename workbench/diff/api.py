@@ -91,7 +91,8 @@ def _load_model(model: Any, dtype: str | None):
         if not os.path.exists(model):
             raise DiffError(f"{model}: no such file or directory")
         try:
-            return workbench.load(model, dtype=dtype)
+            # explicit attention: engines dump their scores and softmax, the reference has them
+            return workbench.load(model, dtype=dtype, attention="explicit")
         except (CheckpointError, ValueError, KeyError, OSError) as e:
             msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
             raise DiffError(msg if str(model) in msg else f"{model}: {msg}") from None

@@ -21,6 +21,7 @@ from typing import Callable, Container, Iterable, Sequence
 import mlx.core as mx
 import mlx.nn as nn
 
+from workbench.attention import fused_attention, attention_scores, heads_concat
 from workbench.program import Op, Program, layer_of
 
 
@@ -40,59 +41,6 @@ def geglu(gate, x):
 @partial(mx.compile, shapeless=True)
 def softcap(x, cap):
     return mx.tanh(x / cap) * cap
-
-
-#: the most bytes of [B, H, rows, S] float32 scores one kernel call may imply (CPU, GPU):
-#: where MLX has no fused kernel (its CPU backend, some head sizes on a GPU) it computes
-#: them (peak about 5x this), so a long prompt runs in query chunks, one after the other
-#: (rows are independent: the values are the same)
-CHUNK_BYTES = {"cpu": 16 * 2**20, "gpu": 256 * 2**20}
-
-
-def fused_attention(q, k, v, mask, scale: float, window: int | None = None):
-    """[B, H, T, D] through ``mx.fast.scaled_dot_product_attention`` (GQA by the kernel;
-    ``mask`` [B|1, 1, T, S] boolean, True = may attend, causal) -- what mlx-lm runs.
-
-    When one call's scores would pass :data:`CHUNK_BYTES`, the queries run in chunks, one
-    after the other, each over the keys it may see (causal: none after its last query;
-    ``window``: none before its first query's window); keys left out are masked anyway."""
-    B, H, T, _ = q.shape
-    S = k.shape[2]
-    rows = max(1, CHUNK_BYTES[mx.default_device().type.name] // (B * H * S * 4))
-    if T <= rows:
-        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
-    out, first = [], S - T  # query t is at key position first + t
-    for t in range(0, T, rows):
-        end = min(t + rows, T)
-        lo, hi = (max(0, first + t - window + 1) if window else 0), first + end
-        qc = q[:, :, t:end]
-        if out:  # one chunk after the other: the scheduler would otherwise start them all at once
-            qc = mx.depends(qc, out[-1])
-        out.append(mx.fast.scaled_dot_product_attention(qc, k[:, :, lo:hi], v[:, :, lo:hi], scale=scale,
-                                                        mask=mask[..., t:end, lo:hi]))
-    return mx.concatenate(out, axis=2)
-
-
-def attention_scores(q, k, mask, scale: float):
-    """The explicit scores [B, H, T, S] of queries [B, H, T, D] against keys [B, Hkv, S, D]:
-    ``scale * q k^T`` where the mask allows, the dtype's lowest finite value elsewhere."""
-    B, H, T, D = q.shape
-    rep = H // k.shape[1]
-    if scale != 1.0:
-        q = q * mx.array(scale, q.dtype)
-    if rep > 1:
-        q = q.reshape(B, k.shape[1], rep, T, D)
-        k = mx.expand_dims(k, 2)
-    s = q @ k.swapaxes(-1, -2)
-    if rep > 1:
-        s = s.reshape(B, H, T, -1)
-    return mx.where(mask, s, mx.array(mx.finfo(s.dtype).min, s.dtype))
-
-
-def heads_concat(o):
-    """[B, H, T, D] -> [B, T, H*D]."""
-    B, H, T, D = o.shape
-    return o.transpose(0, 2, 1, 3).reshape(B, T, H * D)
 
 
 #: a gated MLP's activation name -> its fused kernel
@@ -134,7 +82,9 @@ class Builder:
             raise ValueError(f"checkpoint is missing tensor {tensor!r}")
 
     def program(self, inputs: Sequence[str]) -> Program:
-        return Program(self.ops, tuple(inputs))
+        """The program over ``inputs`` and ``key_valid`` (what fused attention reads: the
+        feeds always carry it)."""
+        return Program(self.ops, tuple(inputs) + ("key_valid",))
 
     # -- weights
     def embedding(self, name: str, ids: str, path: str | None = None) -> str:
@@ -250,10 +200,11 @@ class Builder:
 
         Fused (the default): one op, kind "attention", through
         ``mx.fast.scaled_dot_product_attention`` as mlx-lm calls it (the [B, H, T, S]
-        scores are never materialised).  Explicit (the layer is in ``self.explicit``):
-        the steps ``{module}.scores`` -> ``.softmax`` -> ``.context`` (kind "attend").
-        Both context ops carry the same attrs (num_heads, num_kv_heads, head_dim, scale,
-        mask, fused)."""
+        scores are never materialised); it reads the feed ``key_valid`` and makes the mask
+        ``mask`` names itself (``window``: a sliding layer's, in ``attrs``).  Explicit (the
+        layer is in ``self.explicit``): the steps ``{module}.scores`` -> ``.softmax`` ->
+        ``.context`` (kind "attend") over the feed ``mask``.  Both context ops carry the
+        same attrs (num_heads, num_kv_heads, head_dim, scale, mask, fused, window ...)."""
         layer = layer_of(module)
         common = dict(num_heads=n_heads, num_kv_heads=n_kv_heads, head_dim=head_dim, scale=scale, mask=mask)
         if layer in self.explicit:
@@ -264,9 +215,10 @@ class Builder:
 
         window = attrs.get("window")
 
-        def fn(ctx, q, k, v, mask):
-            return heads_concat(fused_attention(q, k, v, mask, scale, window))
-        return self.op(f"{module}.context", "attention", fn, [q, k, v, mask], **common, fused=True, **attrs)
+        def fn(ctx, q, k, v, valid):
+            return heads_concat(fused_attention(q, k, v, valid, scale, window))
+        return self.op(f"{module}.context", "attention", fn, [q, k, v, "key_valid"], **common, fused=True,
+                       **attrs)
 
     def scores(self, name: str, q: str, k: str, mask: str, scale: float,
                n_heads: int, n_kv_heads: int, **attrs) -> str:

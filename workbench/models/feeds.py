@@ -8,12 +8,17 @@ Program inputs (made by :meth:`Model.feeds`):
                         (negative under left padding: the first real token is position 0)
 * ``attn_mask``         [B|1, 1, T, S] bool, True = may attend (causal, padding-aware)
 * ``attn_mask_sliding`` the same with the sliding window (families that use one)
+* ``key_valid``         [B|1, S] bool, True = the key position holds a real token: what
+                        fused attention reads (it makes its own mask slices, so the [T, S]
+                        masks above are computed only where explicit attention reads them)
 """
 from __future__ import annotations
 
 from typing import Mapping
 
 import mlx.core as mx
+
+from workbench.attention import attention_mask as mask_of
 
 
 class KVCache:
@@ -122,15 +127,8 @@ def make_feeds(ids, attention_mask=None, cache: KVCache | None = None,
     else:
         rope_offset = mx.full((B,), offset, mx.int32)
 
-    qi = mx.arange(offset, S)[:, None]
-    ki = mx.arange(S)[None]
-    feeds = {"input_ids": ids, "rope_offset": rope_offset}
+    feeds = {"input_ids": ids, "rope_offset": rope_offset,
+             "key_valid": valid if valid is not None else mx.ones((1, S), mx.bool_)}
     for name, window in (windows or {"attn_mask": None}).items():
-        m = ki <= qi
-        if window is not None:
-            m = m & (qi - ki < window)
-        if valid is not None:
-            m = (m[None] & valid[:, None, :]) | (ki == qi)[None]
-            m = m[:, None]
-        feeds[name] = m
+        feeds[name] = mask_of(offset, T, 0, S, window, valid)
     return feeds

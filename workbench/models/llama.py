@@ -69,8 +69,9 @@ def attention(b: Builder, cfg: Config, i: int, h: str, rope: dict) -> str:
     v = b.heads(f"{a}.v_heads", v, Hkv, D)
     k = b.kv_cache(f"{a}.k_cache", k, "k", i)
     v = b.kv_cache(f"{a}.v_cache", v, "v", i)
-    mask = "attn_mask_sliding" if cfg.layer_types[i] == "sliding_attention" else "attn_mask"
-    o = b.attention(a, q, k, v, mask, D ** -0.5, H, Hkv, D)
+    sliding = cfg.layer_types[i] == "sliding_attention"
+    mask = "attn_mask_sliding" if sliding else "attn_mask"
+    o = b.attention(a, q, k, v, mask, D ** -0.5, H, Hkv, D, window=cfg.sliding_window if sliding else None)
     return b.linear(f"{a}.o_proj", o)
 
 

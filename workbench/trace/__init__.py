@@ -13,6 +13,7 @@ import sys as _sys
 import types as _types
 
 from workbench.trace.generate import Generation, generate
+from workbench.trace.heads import head_stats, probabilities as attention_probabilities
 from workbench.trace.hunt import CAUSES, Finding, HuntResult, diagnose, hunt
 from workbench.trace.interventions import Intervention, inject, patch, replace, zero_head
 from workbench.trace.modules import ModuleTrace
@@ -24,7 +25,7 @@ from workbench.trace.tracer import NONFINITE, Step, Trace, TraceError
 
 __all__ = ["trace", "Trace", "ModuleTrace", "Record", "is_record", "Step", "TraceError", "NONFINITE", "generate", "Generation", "hunt", "HuntResult",
            "Finding", "diagnose", "CAUSES", "Intervention", "patch", "replace", "zero_head", "inject",
-           "ValueStore", "STATS_KEYS", "prepare_ids"]
+           "ValueStore", "STATS_KEYS", "prepare_ids", "head_stats", "attention_probabilities"]
 
 
 class _CallableModule(_types.ModuleType):

@@ -26,6 +26,9 @@ def add_arguments(p):
     p.add_argument("--memory-budget", metavar="SIZE",
                    help="stream the weights layer by layer within SIZE (bytes, '8GB', '512MiB'): "
                         "checkpoints larger than memory")
+    p.add_argument("--attention", default="fused", metavar="fused|explicit|LAYERS",
+                   help="attention as one fused op a layer (default), as explicit scores/softmax/context "
+                        "steps, or explicit in the listed layers only (e.g. 0,3)")
     p.add_argument("--top", type=int, default=5, help="ops closest to overflow to list (default 5)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -65,8 +68,11 @@ def run(args) -> int:
         bad = [i for i in ids if i >= vocab]
         if bad:
             raise UsageError(f"token id {bad[0]} is out of range for a vocabulary of {vocab}")
+    attention = args.attention
+    if attention not in ("fused", "explicit"):
+        attention = [int(x) if x.strip().isdigit() else x.strip() for x in attention.split(",")]
     try:
-        result = hunt(model, ids, dtype=args.dtype)
+        result = hunt(model, ids, dtype=args.dtype, attention=attention)
     except (ValueError, KeyError, TraceError) as e:
         raise UsageError(str(e).strip("'\"")) from None
     report = result.report

@@ -103,8 +103,11 @@ def trace(model, ids_or_text, capture="stats", dtype=None, breakpoints=None, int
     def context(dtype, cache):
         return model.context(dtype, cache=cache)
 
+    def tensors(name):  # the ops only one attention choice has (scores, softmax ...) read no weights
+        return model.op_tensors(name) if name in model.program else {}
+
     return Trace(program, ctx, feeds, capture=capture, breakpoints=breakpoints,
-                 interventions=interventions, context=context, tensors=model.op_tensors,
+                 interventions=interventions, context=context, tensors=tensors,
                  memory_budget=memory_budget, spill_dir=spill_dir, flush_bytes=flush_bytes,
                  store=store, key_prefix=key_prefix, model=model, batched=batched, ids=ids,
                  attention_mask=mask)
@@ -136,6 +139,6 @@ def check_attention_memory(program, batch: int, tokens: int, keys: int, dtype, a
     if avail is not None and need > avail // 2:
         raise TraceError(f"a {tokens}-token prompt needs {need / 2**30:.1f} GiB for one layer's attention scores "
                          f"and softmax ([{batch}, {heads}, {tokens}, {keys}] x 2, {dtype_name(dtype)}); "
-                         f"{avail / 2**30:.1f} GiB is available: use attention='fused' (the default; no scores "
-                         f"materialised) or a shorter prompt (at most about "
+                         f"{avail / 2**30:.1f} GiB is available: use fused attention (attention='fused', the default; "
+                         f"--attention fused) or a shorter prompt (at most about "
                          f"{int((avail // 2 / (2 * batch * heads * itemsize)) ** 0.5)} tokens here)")

@@ -56,6 +56,9 @@ class Finding:
     closest_before: list = field(default_factory=list)
     first_index: tuple | None = None  # index of the first non-finite element (row-major)
     step: Any = field(default=None, repr=False)
+    #: fused attention: the layer's scores and softmax recomputed explicitly, {step name:
+    #: {nan, posinf, neginf}} (None for other ops, or when they would be too large)
+    inside: dict | None = None
 
     def to_dict(self) -> dict:
         d = {"op": self.op, "layer": self.layer, "cause": self.cause, "nan": self.nan,
@@ -63,7 +66,8 @@ class Finding:
              "size": self.size, "shape": list(self.shape), "dtype": self.dtype, "detail": self.detail,
              "inputs": self.inputs, "weights": self.weights, "float32_absmax": self.float32_absmax,
              "closest_before": [{"op": n, "headroom": h} for n, h in self.closest_before],
-             "first_index": list(self.first_index) if self.first_index is not None else None}
+             "first_index": list(self.first_index) if self.first_index is not None else None,
+             "inside": self.inside}
         return _stats.jsonable(d)
 
     def __repr__(self) -> str:
@@ -153,6 +157,8 @@ def diagnose(trace, step) -> Finding:
                 closest_before=closest, step=step)
 
     f.first_index = _first_bad_index(trace, op.name)
+    if op.kind == "attention":
+        f.inside = _inside_attention(trace, op, step)
     bad_in = [d for d in inputs if nonfinite_count(d)]
     bad_w = [d for d in weights if nonfinite_count(d)]
     range_w = [d for d in weights if d.get("out_of_range")]
@@ -190,6 +196,7 @@ def diagnose(trace, step) -> Finding:
         except Exception as e:  # the float32 check is an extra; its absence is reported
             f32 = None
             f.detail = f"(float32 recompute failed: {e}) "
+    f.detail += _inside_note(f.inside)
     if f32 is not None and sum(f32[0]) == 0:
         f.cause = "overflow"
         f.float32_absmax = f32[1]
@@ -210,6 +217,39 @@ def diagnose(trace, step) -> Finding:
                  + (", in float32 too" if f32 is not None else "")
                  + ": an invalid operation inside the op (inf - inf, 0/0, sqrt of a negative ...)")
     return f
+
+
+#: the most bytes of [B, H, T, S] scores the hunt recomputes to look inside fused attention
+INSIDE_MAX_BYTES = 2**30
+
+
+def _inside_attention(trace, op, step) -> dict | None:
+    """A fused attention op that went non-finite, recomputed explicitly for its layer (the
+    trace's dtype): the non-finite counts of its scores and softmax, so the finding can say
+    which of them went first.  None when they would pass :data:`INSIDE_MAX_BYTES`."""
+    from workbench.trace.heads import probabilities
+
+    (B, H, T, _), S = step.input_shapes[0], step.input_shapes[1][2]
+    if B * H * T * S * 4 > INSIDE_MAX_BYTES:
+        return None
+    out = {}
+    for which in ("scores", "softmax"):
+        _, v = probabilities(trace, op.layer, scores=which == "scores")
+        nan, pos, neg = _stats.nonfinite_counts(v)
+        out[f"layers.{op.layer}.self_attn.{which}"] = {"nan": nan, "posinf": pos, "neginf": neg}
+    return out
+
+
+def _inside_note(inside: dict | None) -> str:
+    """'explicitly: scores has nan 3 ...; ' for a finding's detail ('' when not looked inside)."""
+    if not inside:
+        return ""
+    first = next((n for n, c in inside.items() if sum(c.values())), None)
+    parts = "; ".join(f"{n.rsplit('.', 1)[1]} nan {c['nan']}, +inf {c['posinf']}, -inf {c['neginf']}"
+                      for n, c in inside.items())
+    where = (f"first non-finite inside: {first}" if first else
+             "scores and softmax finite: it went non-finite in the product with the values")
+    return f"fused attention recomputed explicitly ({parts}): {where}. "
 
 
 @dataclass

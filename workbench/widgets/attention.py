@@ -1,7 +1,7 @@
 """AttentionView: one head's attention pattern as a grid of token-labelled cells, with hover.
 
     AttentionView(pattern, tokens_q, tokens_k)          # pattern [H, T, S] or [T, S], 0..1
-    AttentionView.from_trace(trace, layer=1, head=0)    # the op `layers.1.self_attn.softmax`
+    AttentionView.from_trace(trace, layer=1, head=0)    # layer 1's probabilities (see below)
 
 Rows are query tokens (the token that attends), columns key tokens (the tokens it reads
 from); each row sums to 1.  Cells are coloured white (0) to dark blue (1): probabilities
@@ -24,6 +24,8 @@ import numpy as np
 import traitlets as T
 
 from workbench.arrays import as_ndim
+from workbench.trace.heads import context_op, probabilities
+from workbench.trace.step import TraceError
 
 #: the colour map of probabilities (sequential; matplotlib's name, sampled in Python)
 CMAP = "Blues"
@@ -366,9 +368,11 @@ class AttentionView(anywidget.AnyWidget):
     # ------------------------------------------------------------------ from a trace
     @classmethod
     def from_trace(cls, trace, layer: int, head: int = 0, batch: int = 0, tokens=None) -> "AttentionView":
-        """The pattern of ``layers.{layer}.self_attn.softmax`` in ``trace`` (run past it, its
-        value kept: ``capture="full"`` or a pattern matching it), token labels decoded with
-        the trace's model (``tokens`` overrides them)."""
+        """Layer ``layer``'s attention probabilities in ``trace`` (run past its attention):
+        the ``layers.{layer}.self_attn.softmax`` step of an explicit layer (captured or
+        recomputed), or, for fused attention (the default), recomputed from the queries and
+        keys of ``layers.{layer}.self_attn.context`` for that layer only; token labels
+        decoded with the trace's model (``tokens`` overrides them)."""
         name, a = attention_pattern_of(trace, layer, batch)
         tq, tk = token_labels(trace, a.shape[1], a.shape[2], batch, tokens)
         return cls(a, tq, tk, head=head, title=f"{name}")
@@ -386,13 +390,27 @@ def module_note(trace) -> str | None:
     return None
 
 
+def pattern_op(trace, layer: int) -> str | None:
+    """The op after which layer ``layer``'s pattern can be drawn: its softmax step (explicit
+    attention), its fused attention op (probabilities recomputed), or None (no such op)."""
+    for name in (softmax_op(layer), context_op(layer)):
+        if name in trace.program and (name == softmax_op(layer) or trace.program[name].kind == "attention"):
+            return name
+    return None
+
+
 def attention_pattern_of(trace, layer: int, batch: int = 0) -> tuple[str, np.ndarray]:
-    """(op name, [H, T, S] float32) of layer ``layer``'s softmax in ``trace``."""
+    """(op name, [H, T, S] float32) of layer ``layer``'s attention probabilities in ``trace``
+    (:func:`workbench.trace.heads.probabilities`: the softmax step, or recomputed for a
+    fused layer; the name is then the fused op's)."""
     name = softmax_op(layer)
-    if name not in trace.program.names:
-        why = module_note(trace)
+    why = module_note(trace)
+    if why is not None or pattern_op(trace, layer) is None:
         raise ValueError(f"{name}: no such op in this trace" + (f" ({why})" if why else " (see trace.ops)"))
-    v = trace.value(name)  # KeyError naming the op when it has not run or was not kept
+    try:
+        name, v = probabilities(trace, layer)
+    except TraceError as e:
+        raise ValueError(str(e)) from None
     a = np.asarray(_as_heads_batched(v))
     if a.ndim == 4:
         if not 0 <= batch < a.shape[0]:

@@ -40,7 +40,9 @@ import numpy as np
 from workbench.widgets._actions import Actions
 from workbench.widgets._render import (BF16_MAX, colour_table, FP16_MAX, abbr, as_2d, fmt, headroom_bar, heatmap, shape_str,
                                        table)
-from workbench.widgets.attention import AttentionView, decoded_tokens, module_note, softmax_op, token_labels
+from workbench.trace.heads import context_op, probabilities
+from workbench.widgets.attention import (AttentionView, decoded_tokens, module_note, pattern_op, softmax_op,
+                                         token_labels)
 
 _RESID = re.compile(r"^layers\.(\d+)$")
 #: an attention step: op-program ops under ``self_attn``, or a module-level attention module call
@@ -369,41 +371,33 @@ class StepDebugger(W.VBox):
         m = _ATTN.match(s.name) if s is not None else None
         return int(m.group(1)) if m else None
 
-    def _attention_op(self):
-        """The softmax op of the current op's layer, when on an attention op and it ran."""
-        layer = self._attention_layer()
-        if layer is None:
-            return None
-        name = softmax_op(layer)
-        try:
-            idx = self.trace.program.index(name)
-        except KeyError:
-            return None
-        return name if idx < self.trace.position else None
-
     def _draw_attention(self) -> None:
         layer = self._attention_layer()
         if layer is None:
             self.attention_box.layout.display = "none"
             return
         self.attention_box.layout.display = None
-        name = softmax_op(layer)
+        name = pattern_op(self.trace, layer)
         why = module_note(self.trace)
         v = None
         if why is None:
-            try:
-                idx = self.trace.program.index(name)
-            except KeyError:
-                idx = None
+            idx = None if name is None else self.trace.program.index(name)
             if idx is None:
-                why = f"this program has no <code>{name}</code> op: no attention pattern to draw"
+                why = f"this program has no <code>{softmax_op(layer)}</code> op: no attention pattern to draw"
             elif idx >= self.trace.position:
                 why = f"the attention pattern appears once op #{idx} <code>{name}</code> has run"
-            else:
+            elif name == softmax_op(layer):
                 v = self._value(name)
                 if v is None:
                     why = (f"the value of <code>{name}</code> was not kept (trace with capture='full' "
                            f"or a pattern matching it to see the attention pattern)")
+            else:  # fused attention: the probabilities of this layer, recomputed (small prompts)
+                v = self._fused_pattern(layer)
+                if v is None:
+                    why = (f"<code>{name}</code> is fused and its probabilities would be too large to "
+                           f"recompute here; trace with attention=[{layer}] for this layer's softmax step")
+                else:
+                    name = f"{name} (fused; probabilities recomputed)"
         if v is None:
             self.attention.layout.display = "none"
             self.attention_note.value = f"<i>attention: {why}</i>"
@@ -430,6 +424,15 @@ class StepDebugger(W.VBox):
         self.attention_note.value = (f"<b>attention pattern</b> of <code>{name}</code> ({heads} heads): row = "
                                      f"query token, column = key token it attends to; hover a cell for its "
                                      f"probability")
+
+    def _fused_pattern(self, layer: int):
+        """Layer ``layer``'s probabilities recomputed from its fused op's inputs, [B, H, T, S]
+        float32 numpy, or None when they would pass ATTENTION_MAX_BYTES."""
+        step = self.trace.step_info(context_op(layer))
+        (B, H, T, _), S = step.input_shapes[0], step.input_shapes[1][2]  # queries, keys
+        if B * H * T * S * 4 > ATTENTION_MAX_BYTES:
+            return None
+        return _to_numpy(probabilities(self.trace, layer)[1])
 
     def _draw_norms(self) -> None:
         norms = self._residual_norms()

@@ -1,0 +1,249 @@
+"""Fused attention (the default) and explicit attention (scores -> softmax -> context, on
+request): the same values in every family, the per-layer choice, per-head statistics,
+the probabilities recomputed for a fused layer, the memory check, the hunt, and the
+memory an 8k-token trace takes (docs/ops.md, Attention; docs/trace.md)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import workbench
+import mlx.core as mx
+
+import models_tiny as mt
+from workbench import attention as attn_math
+from workbench import zoo
+from workbench.program import execute
+from workbench.trace import head_stats, attention_probabilities, inject, patch
+from workbench.trace.entry import check_attention_memory
+from workbench.trace.step import TraceError
+
+IDS = mx.array([[2, 17, 99, 4, 250, 31, 8, 8, 120, 64, 3, 77, 200, 5, 9, 11, 42, 1, 6, 13, 7, 90, 45, 33]])
+#: every family; gemma4_kv: KV-shared layers, gemma4_k_eq_v: GQA with its own full-layer heads;
+#: gemma4_text / gemma3_text: sliding windows of 16 tokens (the prompts here pass them)
+ARCHS = ["gemma4_text", "gemma4_kv", "gemma3_text", "qwen3", "llama"]
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fused")
+    made = {}
+
+    def get(arch, **kw):
+        key = (arch, tuple(sorted(kw.items())))
+        if key not in made:
+            made[key] = zoo.build(arch, root / f"{arch}{len(made)}", dtype="float32", **kw)
+        return made[key]
+    return get
+
+
+def _kinds(program, layer):
+    return {op.name.rsplit(".", 1)[1]: op.kind for op in program.ops if op.name.startswith(f"layers.{layer}.self_attn.")}
+
+
+def _contexts(model, program, ids, mask=None, cache=None):
+    ctx = model.context("float32", cache)
+    names = [f"layers.{i}.self_attn.context" for i in range(model.num_layers)]
+    vals = execute(program, ctx, model.feeds(ids, mask, cache), keep=set(names).__contains__)
+    return [vals[n] for n in names], vals["logits"]
+
+
+def test_default_is_fused_and_explicit_is_asked_for(ckpts):
+    model = workbench.load(ckpts("llama"))
+    k = _kinds(model.program, 0)
+    assert k["context"] == "attention" and "scores" not in k and "softmax" not in k
+    op = model.program["layers.0.self_attn.context"]
+    assert op.attrs["fused"] is True and op.attrs["mask"] == "attn_mask"
+    assert op.attrs["num_heads"] == model.config["num_attention_heads"]
+    assert op.attrs["num_kv_heads"] == model.config["num_key_value_heads"]
+    assert op.attrs["scale"] == pytest.approx(model.family_config.head_dim ** -0.5)
+    assert op.inputs == ("layers.0.self_attn.q_rope", "layers.0.self_attn.k_cache", "layers.0.self_attn.v_cache",
+                         "key_valid")
+
+    explicit = workbench.load(ckpts("llama"), attention="explicit").program
+    for i in range(model.num_layers):
+        assert _kinds(explicit, i)["scores"] == "scores" and _kinds(explicit, i)["context"] == "attend"
+    # per layer: only those layers explicit; the same program object for the same choice
+    one = model.program_for(["layers.1"])
+    assert "layers.1.self_attn.softmax" in one and "layers.0.self_attn.softmax" not in one
+    assert model.program_for(1) is one and model.program_for("fused") is not one
+    assert model.program_for(None) is model.program
+    # o_proj reads the context op by the same name either way
+    assert explicit["layers.0.self_attn.o_proj"].inputs == model.program["layers.0.self_attn.o_proj"].inputs
+
+
+@pytest.mark.parametrize("bad,match", [("softmax", "not 'fused', 'explicit' or a layer name"),
+                                       (9, "layer 9 out of range"), ("layers.x", "not 'fused'"),
+                                       ([True], "is not a layer"), (2.5, "attention must be")])
+def test_bad_attention_choice_is_named(ckpts, bad, match):
+    model = workbench.load(ckpts("llama"))
+    with pytest.raises(ValueError, match=match):
+        model.trace(IDS, attention=bad)
+    with pytest.raises(ValueError, match=match):
+        workbench.load(ckpts("llama"), attention=bad)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fused_equals_explicit_and_mlx_lm(ckpts, arch):
+    path = ckpts(arch)
+    model = workbench.load(path)
+    fused, logits_f = _contexts(model, model.program, IDS)
+    explicit, logits_e = _contexts(model, model.program_for("explicit"), IDS)
+    for a, b in zip(fused, explicit):
+        np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.array(logits_f), np.array(logits_e), rtol=1e-5, atol=1e-5)
+    # the same kernel call as mlx-lm's: on this CPU the logits are equal bit for bit
+    assert mx.array_equal(model(IDS, dtype="float32"), mt.ref_logits(path, IDS)).item()
+
+
+@pytest.mark.parametrize("arch", ["gemma3_text", "qwen3"])
+def test_padding_batch_and_kv_cache(ckpts, arch):
+    model = workbench.load(ckpts(arch))
+    ids = mx.array([[0, 0, 0, 5, 9, 17, 3, 88, 21, 4], [7, 14, 2, 90, 33, 61, 5, 8, 12, 40]])
+    mask = mx.array([[0, 0, 0, 1, 1, 1, 1, 1, 1, 1], [1] * 10]).astype(mx.bool_)
+    f, lf = _contexts(model, model.program, ids, mask)
+    e, le = _contexts(model, model.program_for("explicit"), ids, mask)
+    np.testing.assert_allclose(np.array(lf), np.array(le), rtol=1e-5, atol=1e-5)
+    # decoding through the KV cache: one token after the prompt, both ways
+    outs = []
+    for program in (model.program, model.program_for("explicit")):
+        cache = model.make_cache()
+        _contexts(model, program, ids, mask, cache)
+        outs.append(_contexts(model, program, mx.array([[11], [12]]), None, cache))
+    for a, b in zip(outs[0][0], outs[1][0]):
+        np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.array(outs[0][1]), np.array(outs[1][1]), rtol=1e-5, atol=1e-5)
+    g = workbench.trace.generate(workbench.load(ckpts(arch)), IDS, max_tokens=4)
+    g2 = workbench.trace.generate(workbench.load(ckpts(arch), attention="explicit"), IDS, max_tokens=4)
+    assert g.tokens == g2.tokens
+
+
+@pytest.mark.parametrize("arch", ["gemma3_text", "gemma4_text", "llama"])
+def test_long_prompts_run_in_chunks_with_the_same_values(ckpts, arch, monkeypatch):
+    """Query chunks over the keys each chunk may see (causal, sliding window): tiny chunks
+    here (48 -> 3-4 rows per chunk) so every window and the cache are crossed."""
+    model = workbench.load(ckpts(arch))
+    ids = mx.array([[(7 * i) % 250 + 3 for i in range(48)]])
+    ref_ctx, ref_logits = _contexts(model, model.program_for("explicit"), ids)
+    monkeypatch.setitem(attn_math.CHUNK_BYTES, "cpu", 3 * 2 * 48 * 4)  # ~3 rows of 2 heads
+    got_ctx, got_logits = _contexts(model, model.program, ids)
+    # the same terms, summed over fewer (masked) keys: float32 rounding, amplified layer by layer
+    np.testing.assert_allclose(np.array(got_ctx[0]), np.array(ref_ctx[0]), rtol=1e-5, atol=1e-5)
+    for a, b in zip(got_ctx, ref_ctx):
+        np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-4, atol=2e-4)
+    np.testing.assert_allclose(np.array(got_logits), np.array(ref_logits), rtol=1e-4, atol=2e-4)
+    cache = model.make_cache()
+    _contexts(model, model.program, ids[:, :30], None, cache)
+    tail, _ = _contexts(model, model.program, ids[:, 30:], None, cache)  # 18 queries over 48 keys
+    for a, b in zip(tail, ref_ctx):
+        np.testing.assert_allclose(np.array(a), np.array(b)[:, 30:], rtol=1e-4, atol=2e-4)
+
+
+def test_trace_choice_shows_the_steps(ckpts):
+    model = workbench.load(ckpts("gemma3_text"))
+    t = model.trace(IDS, capture="full")
+    t.run()
+    assert not any(n.endswith((".scores", ".softmax")) for n in t.ops)
+    e = model.trace(IDS, capture="full", attention=["layers.2", 4])
+    e.run()
+    assert [n for n in e.ops if n.endswith(".softmax")] == ["layers.2.self_attn.softmax", "layers.4.self_attn.softmax"]
+    p = np.array(e.value("layers.2.self_attn.softmax"))
+    np.testing.assert_allclose(p.sum(-1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(np.array(t.logits), np.array(e.logits), rtol=1e-5, atol=1e-5)
+    # a fused layer's probabilities, recomputed, are the explicit softmax step's values
+    name, q = attention_probabilities(t, 2)
+    assert name == "layers.2.self_attn.context"
+    np.testing.assert_allclose(np.array(q), p, atol=1e-6)
+    assert attention_probabilities(e, 2)[0] == "layers.2.self_attn.softmax"
+    with pytest.raises(TraceError, match="has not run yet"):
+        attention_probabilities(model.trace(IDS), 1)
+
+
+def test_head_stats(ckpts):
+    model = workbench.load(ckpts("gemma4_text"))
+    t = model.trace(IDS, capture="stats")  # nothing kept: recomputed from the op's inputs
+    t.run()
+    e = model.trace(IDS, capture="full", attention="explicit")
+    e.run()
+    name = "layers.3.self_attn.context"
+    s, se = head_stats(t, name), head_stats(e, name)
+    H, D = model.program[name].attrs["num_heads"], model.program[name].attrs["head_dim"]
+    v = np.array(e.value(name)).reshape(-1, H, D).transpose(1, 0, 2).reshape(H, -1)
+    assert s["heads"] == H and s["op"] == name
+    np.testing.assert_allclose(s["absmax"], np.abs(v).max(1), rtol=1e-5)
+    np.testing.assert_allclose(s["mean"], v.mean(1), rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(s["std"], v.std(1), rtol=1e-4)
+    assert (s["nonfinite"] == 0).all()
+    for k in ("absmax", "mean", "std"):
+        np.testing.assert_allclose(s[k], se[k], rtol=1e-5, atol=1e-7)
+    # a NaN planted in head 1's slice is counted there only
+    bad = model.trace(IDS, capture="stats", interventions=[inject(name, index=(0, 3, D + 2))])
+    bad.run()
+    n = head_stats(bad, name)["nonfinite"]
+    assert n[1] == 1 and n.sum() == 1
+    with pytest.raises(TraceError, match="not an attention output"):
+        head_stats(t, "layers.3.self_attn.q_proj")
+
+
+def test_memory_check_refuses_explicit_scores_only(ckpts):
+    model = workbench.load(ckpts("gemma4_text"))
+    check_attention_memory(model.program, 1, 32768, 32768, mx.bfloat16, available=2**30)  # fused: no scores
+    with pytest.raises(TraceError, match="attention='fused'"):
+        check_attention_memory(model.program_for("explicit"), 1, 32768, 32768, mx.bfloat16, available=2**30)
+    with pytest.raises(TraceError, match="attention='fused'"):
+        check_attention_memory(model.program_for([0]), 1, 32768, 32768, mx.bfloat16, available=2**30)
+
+
+def test_hunt_names_the_fused_op_and_looks_inside(ckpts):
+    """Large (finite) queries and keys in float16: the scores overflow.  Explicit: the scores
+    step is the first non-finite op; fused: the attention op is, and the hunt recomputes the
+    layer explicitly to say the scores went first."""
+    model = workbench.load(ckpts("llama"))
+    blow = [patch("layers.1.self_attn.q_rope", lambda v: v * 0 + 100, label="big queries"),
+            patch("layers.1.self_attn.k_rope", lambda v: v * 0 + 300, label="big keys")]
+    e = workbench.trace.hunt(model, IDS, dtype="float16", interventions=blow, attention="explicit")
+    assert e.finding.op == "layers.1.self_attn.scores" and e.finding.inside is None
+    f = workbench.trace.hunt(model, IDS, dtype="float16", interventions=blow)
+    assert f.finding.op == "layers.1.self_attn.context" and f.finding.kind == "attention"
+    inside = f.finding.inside
+    assert set(inside) == {"layers.1.self_attn.scores", "layers.1.self_attn.softmax"}
+    assert sum(inside["layers.1.self_attn.scores"].values()) > 0
+    assert "first non-finite inside: layers.1.self_attn.scores" in f.finding.detail
+    assert json.dumps(f.report)  # the report stays JSON
+
+
+MEMORY_SCRIPT = r"""
+import json, resource, sys
+import workbench, mlx.core as mx
+from workbench import zoo
+T = 8192
+path = zoo.build("gemma4_text", sys.argv[1], hidden_size=256, num_hidden_layers=3, num_attention_heads=8, global_head_dim=32,
+                 num_key_value_heads=1, num_kv_shared_layers=0, hidden_size_per_layer_input=0, dtype="bfloat16",
+                 layer_types=["sliding_attention", "sliding_attention", "full_attention"])
+model = workbench.load(path)
+ids = mx.array([[(7 * i) % 250 + 3 for i in range(T)]])
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+t = model.trace(ids, capture="stats")
+t.run()
+mx.eval(t.logits)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+heads = model.family_config.num_attention_heads
+print(json.dumps({"grew": after - before, "scores": heads * T * T * 4, "steps": len(t.steps),
+                  "logits": list(t.logits.shape)}))
+"""
+
+
+def test_8k_prompt_grows_memory_far_less_than_one_layers_scores(tmp_path):
+    """In a fresh process: a 3-layer, d=256 gemma4_text traced with statistics on 8192 tokens
+    grows the peak RSS by less than a quarter of one layer's [heads, T, T] float32 scores
+    (8 heads: 2 GiB; explicit attention would hold them, in bfloat16, and their softmax)."""
+    r = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, str(tmp_path / "g4")], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["logits"][-2:] == [8192, 256]
+    assert out["grew"] < out["scores"] / 4, out

@@ -1,0 +1,84 @@
+"""Attention math shared by the model programs (:mod:`workbench.models.builder`) and the
+views that read attention (:mod:`workbench.trace.heads`, the widgets, the hunt): the fused
+kernel call, the explicit scores, the probabilities.  Depends on MLX only."""
+from __future__ import annotations
+
+import mlx.core as mx
+
+
+#: the most bytes of [B, H, rows, S] float32 scores one kernel call may imply (CPU, GPU):
+#: where MLX has no fused kernel (its CPU backend, some head sizes on a GPU) it computes
+#: them (peak about 5x this), so a long prompt runs in query chunks, one after the other
+#: (rows are independent: the values are the same)
+CHUNK_BYTES = {"cpu": 64 * 2**20, "gpu": 256 * 2**20}
+
+
+def attention_mask(first: int, rows: int, lo: int, hi: int, window: int | None = None, valid=None):
+    """Which keys each query may attend, True = may: queries at positions ``first .. first +
+    rows - 1`` against keys ``lo .. hi - 1``; causal, within ``window`` when set, and, with
+    ``valid`` ([B, S] bool: the key position holds a real token, left padding), never a
+    padding key (a query always sees itself).  [rows, keys], or [B, 1, rows, keys] with
+    ``valid``.  The feeds' masks (:func:`workbench.models.feeds.make_feeds`) are this."""
+    qi = mx.arange(first, first + rows)[:, None]
+    ki = mx.arange(lo, hi)[None]
+    m = ki <= qi
+    if window is not None:
+        m = m & (qi - ki < window)
+    if valid is not None:
+        m = ((m[None] & valid[:, None, lo:hi]) | (ki == qi)[None])[:, None]
+    return m
+
+
+def fused_attention(q, k, v, valid, scale: float, window: int | None = None):
+    """[B, H, T, D] through ``mx.fast.scaled_dot_product_attention`` (GQA by the kernel) --
+    what mlx-lm runs -- under :func:`attention_mask` (``valid``: [B, S] real keys).
+
+    The queries are the last T of the S key positions.  When one call's scores would pass
+    :data:`CHUNK_BYTES`, the queries run in chunks, one after the other, each over the keys
+    it may see (causal: none after its last query; ``window``: none before its first
+    query's window) with its own slice of the mask: no [T, S] value is ever made."""
+    B, H, T, _ = q.shape
+    S = k.shape[2]
+    first = S - T  # query t is at key position first + t
+    rows = max(1, CHUNK_BYTES[mx.default_device().type.name] // (B * H * S * 4))
+    if T <= rows:
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale,
+                                                    mask=attention_mask(first, T, 0, S, window, valid))
+    out = []
+    for t in range(0, T, rows):
+        end = min(t + rows, T)
+        lo, hi = (max(0, first + t - window + 1) if window else 0), first + end
+        qc = q[:, :, t:end]
+        if out:  # one chunk after the other: the scheduler would otherwise start them all at once
+            qc = mx.depends(qc, out[-1])
+        mask = attention_mask(first + t, end - t, lo, hi, window, valid)
+        out.append(mx.fast.scaled_dot_product_attention(qc, k[:, :, lo:hi], v[:, :, lo:hi], scale=scale, mask=mask))
+    return mx.concatenate(out, axis=2)
+
+
+def attention_scores(q, k, mask, scale: float):
+    """The explicit scores [B, H, T, S] of queries [B, H, T, D] against keys [B, Hkv, S, D]:
+    ``scale * q k^T`` where the mask allows, the dtype's lowest finite value elsewhere."""
+    B, H, T, D = q.shape
+    rep = H // k.shape[1]
+    if scale != 1.0:
+        q = q * mx.array(scale, q.dtype)
+    if rep > 1:
+        q = q.reshape(B, k.shape[1], rep, T, D)
+        k = mx.expand_dims(k, 2)
+    s = q @ k.swapaxes(-1, -2)
+    if rep > 1:
+        s = s.reshape(B, H, T, -1)
+    return mx.where(mask, s, mx.array(mx.finfo(s.dtype).min, s.dtype))
+
+
+def heads_concat(o):
+    """[B, H, T, D] -> [B, T, H*D]."""
+    B, H, T, D = o.shape
+    return o.transpose(0, 2, 1, 3).reshape(B, T, H * D)
+
+
+def probabilities(q, k, mask, scale: float):
+    """softmax(scores) [B, H, T, S] in the compute dtype -- what an explicit ``softmax`` op holds
+    (for a fused layer, recomputed from its queries and keys)."""
+    return mx.softmax(attention_scores(q, k, mask, scale), axis=-1, precise=True)
