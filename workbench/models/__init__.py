@@ -98,4 +98,4 @@ def load(path, dtype=None, granularity: str = "auto", library: str | None = None
     return model
 
 
-__all__ = ["load", "Model", "KVCache", "FAMILIES", "family_of"]
+__all__ = ["load", "Model", "StreamedModel", "KVCache", "FAMILIES", "family_of"]

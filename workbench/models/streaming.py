@@ -20,7 +20,9 @@ left of the budget holds captured values (``capture="full"``); the rest spills t
 Everything that runs the program streams: ``model(ids)`` (evaluated, not lazy: it runs
 a trace without capture), ``model.trace(...)``, stepping, going back, the hunt's
 recomputation and ``workbench.generate`` (each forward re-reads the weights: streaming
-trades time for memory).  A progress bar (:mod:`workbench.progress`) follows the
+trades time for memory).  Running ``workbench.program.execute`` on its program directly
+does not stream (nothing evaluates at segment ends): the weights it reads stay until the
+next release.  A progress bar (:mod:`workbench.progress`) follows the
 segments when a run is slow, in a terminal or a notebook (``load(progress=...)``).
 """
 from __future__ import annotations
