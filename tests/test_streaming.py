@@ -83,8 +83,11 @@ def test_streamed_equals_held(tmp_path, arch, kw):
     seen = []
     release = m.release_weights
 
+    names = []
+
     def spy():
         seen.append(sum(m.checkpoint.info(n).nbytes for n in m.loaded))
+        names.append(set(m.loaded))
         release()
 
     m.release_weights = spy
@@ -93,6 +96,10 @@ def test_streamed_equals_held(tmp_path, arch, kw):
     assert len(seen) == len(segs)  # one release per segment
     assert max(seen) <= max(s.nbytes for s in segs)
     assert m.loaded == []
+    # embedding lookups read their rows alone: no table is loaded whole by the first segment
+    tables = {n for op in m.program.ops if op.kind == "embedding" for n in m.op_tensor_names(op)}
+    assert tables and not tables & names[0]
+    assert all(op.attrs.get("rows") for op in m.program.ops if op.kind == "embedding")
     if kw.get("quant"):  # packed weights stay packed
         assert m.weights()["layers.0.mlp.down_proj.weight"].dtype == mx.uint32
     m.release_weights = release
@@ -110,6 +117,22 @@ def test_streamed_equals_held(tmp_path, arch, kw):
     t.back()
     t.step()
     assert np.array_equal(_np(t.logits), _np(ref[0]))
+
+
+@pytest.mark.parametrize("kw", [{"dtype": "bfloat16"}, {"quant": "affine4"}])
+def test_rows_read_alone_equal_the_table(tmp_path, kw):
+    from workbench.models.streaming import StreamingTensors
+
+    ck = workbench.load(zoo.build("qwen3", tmp_path / "q", **kw)).checkpoint
+    ids = mx.array([[5, 3, 3, 200, 4], [0, 255, 6, 5, 7]])
+    st = StreamingTensors(ck, ck.lm_names())
+    for name in ("embed_tokens.weight",) + (("embed_tokens.scales",) if kw.get("quant") else ()):
+        got = st.rows(name, ids)
+        want = ck.load(name)[ids]
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert np.array_equal(np.array(got.view(mx.uint8)), np.array(want.view(mx.uint8)))
+    with pytest.raises(ValueError, match="embed_tokens.weight: token id 256 is out of range for its 256 rows"):
+        st.rows("embed_tokens.weight", mx.array([[1, 256]]))
 
 
 def test_generation_streams(llama):

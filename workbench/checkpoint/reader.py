@@ -448,6 +448,27 @@ class Checkpoint:
             arr = arr[..., :half, :] if t.part == "gate" else arr[..., half:, :]
         return arr
 
+    def load_rows(self, name: str, rows):
+        """Rows ``rows`` (a sorted, unique, in-range integer sequence) of a table, read from
+        the file alone (embedding lookups of a streamed model), as an evaluated ``mx.array``
+        [len(rows), ...]; a tensor that cannot be read by rows (a fused half, FP8, F64)
+        is loaded whole and indexed.  Raises CheckpointError like :meth:`load`."""
+        import mlx.core as mx
+        import numpy as np
+
+        t = self.info(name)
+        sf = self.sfiles[t.file]
+        rows = np.asarray(rows, dtype=np.int64)
+        if t.part or t.dtype in ("F64", "F8_E4M3", "F8_E5M2", "F8_E8M0") or \
+                any(p["severity"] == "error" for p in sf.problems):
+            return self.load(name, keep=False)[mx.array(rows)]
+        try:
+            a = sf.read_rows(t.source_name, rows)
+        except (ValueError, OSError) as e:
+            raise CheckpointError(f"{t.file}: tensor {t.source_name!r} at byte {t.offset}: {e}") from None
+        arr = mx.array(a)
+        return arr.view(mx.bfloat16) if t.dtype == "BF16" else arr
+
     def quant_of(self, module_path: str) -> QuantSpec | None:
         """The quantization of a module (``layers.3.self_attn.q_proj``), inferred from its
         tensors' shapes; None when it is stored unquantized (or cannot be inferred)."""

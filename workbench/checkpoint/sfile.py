@@ -194,6 +194,33 @@ class SafetensorsFile:
         return f
 
     # --------------------------------------------------------------- data access
+    def read_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """Rows ``rows`` (sorted, unique, in range) of a tensor of two or more axes, read with
+        one ``pread`` per contiguous run: [len(rows), *shape[1:]] (BF16 as uint16 bits)."""
+        t = self.tensors[name]
+        npdt = _NP.get(t.dtype)
+        if name in self.truncated or npdt is None or len(t.shape) < 2:
+            raise ValueError(f"{os.path.basename(self.path)}: tensor {name!r} cannot be read by rows")
+        row = (t.end - t.begin) // t.shape[0]
+        out = bytearray(len(rows) * row)
+        base = self.abs_offset(t)
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            i = 0
+            while i < len(rows):
+                j = i + 1
+                while j < len(rows) and rows[j] == rows[j - 1] + 1:
+                    j += 1
+                want = (j - i) * row
+                got = os.pread(fd, want, base + int(rows[i]) * row)
+                if len(got) != want:
+                    raise ValueError(f"{os.path.basename(self.path)}: tensor {name!r}: short read")
+                out[i * row:j * row] = got
+                i = j
+        finally:
+            os.close(fd)
+        return np.frombuffer(out, dtype=npdt).reshape((len(rows),) + tuple(t.shape[1:]))
+
     def read_numpy(self, name: str) -> np.ndarray:
         """The tensor's raw elements as a numpy array (BF16 as uint16 bits), copied."""
         t = self.tensors[name]

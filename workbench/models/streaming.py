@@ -7,12 +7,13 @@ reader: :meth:`Checkpoint.load` with ``keep=False``); at the end of each segment
 trace evaluates every live value (and the KV cache) and calls
 :meth:`StreamedModel.release_weights`, which drops every tensor read so far and returns
 MLX's freed buffers to the system (``mx.clear_cache``).  Quantized weights stay packed
-(only floating tensors are converted to the compute dtype, as always).
+(only floating tensors are converted to the compute dtype, as always).  Embedding ops
+(the token table, Gemma 4's per-layer table) read only the rows of their ids
+(:meth:`StreamedModel.rows_program`, :meth:`Checkpoint.load_rows`).
 
-Nothing stays resident: tables used in more than one place (a tied ``embed_tokens``
-read again as the head, Gemma 4's per-layer input tables) are read again by each
-segment that uses them.  So the weights in memory at any time are one segment's, and
-the peak is the largest segment (:attr:`StreamedModel.largest_segment`) plus the
+Nothing stays resident: a table used in more than one place (a tied ``embed_tokens``,
+read by rows for the lookup and whole as the head) is read again by each segment that
+uses it.  So the weights in memory at any time are one segment's, and the peak is the largest segment (:attr:`StreamedModel.largest_segment`) plus the
 activations; ``load`` refuses a budget below the largest segment, naming it.  What is
 left of the budget holds captured values (``capture="full"``); the rest spills to disk
 (:class:`workbench.trace.store.ValueStore`).
@@ -29,13 +30,15 @@ from __future__ import annotations
 
 import ctypes
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable, Mapping
 
 import mlx.core as mx
+import numpy as np
 
 from workbench.dtypes import dtype_name, parse_dtype
 from workbench.models.model import Model
+from workbench.program import Op, Program
 from workbench.sizes import fmt_bytes
 
 
@@ -59,6 +62,17 @@ class StreamingTensors(Mapping):
     def release(self) -> None:
         self._live.clear()
 
+    def rows(self, name: str, ids: mx.array) -> mx.array:
+        """``table[ids]`` reading only those rows from the file (an embedding lookup)."""
+        flat = np.asarray(ids).reshape(-1)
+        n = self.ck.info(name).shape[0]
+        if flat.size and (flat.min() < 0 or flat.max() >= n):
+            raise ValueError(f"{name}: token id {int(flat.max() if flat.max() >= n else flat.min())} is out of "
+                             f"range for its {n} rows")
+        uniq, inv = np.unique(flat, return_inverse=True)
+        table = self.ck.load_rows(name, uniq)
+        return table[mx.array(inv.astype(np.int32))].reshape(tuple(ids.shape) + tuple(table.shape[1:]))
+
     @property
     def loaded(self) -> list[str]:
         """The tensors read since the last release."""
@@ -72,6 +86,54 @@ class StreamingTensors(Mapping):
 
     def __len__(self):
         return len(self.names)
+
+
+class _Rows:
+    """A table an embedding op indexes: ``rows[ids]`` reads those rows alone, converted as
+    :class:`Weights` converts (a cast commutes with a gather: the values are the same)."""
+
+    def __init__(self, stream: StreamingTensors, name: str, weights):
+        self.stream, self.name, self.weights = stream, name, weights
+
+    def __getitem__(self, ids):
+        v = self.stream.rows(self.name, ids)
+        if mx.issubdtype(v.dtype, mx.floating) and v.dtype != self.weights.dtype:
+            v = v.astype(self.weights.dtype)
+        return v
+
+
+class _RowTables(Mapping):
+    """An embedding op's view of the weights: its own tables as :class:`_Rows`."""
+
+    def __init__(self, weights, stream: StreamingTensors, tables: frozenset):
+        self.weights, self.stream, self.tables = weights, stream, tables
+
+    def __getitem__(self, name):
+        if name in self.tables:
+            return _Rows(self.stream, name, self.weights)
+        return self.weights[name]
+
+    def get(self, name, default=None):
+        return self[name] if name in self.weights else default
+
+    def __contains__(self, name):
+        return name in self.weights
+
+    def __iter__(self):
+        return iter(self.weights)
+
+    def __len__(self):
+        return len(self.weights)
+
+
+def _by_rows(op: Op, stream: StreamingTensors, tables: frozenset) -> Op:
+    """The embedding op reading only the rows of its ids (``attrs["rows"]``)."""
+    inner = op.fn
+
+    def fn(ctx, ids):
+        return inner(replace(ctx, weights=_RowTables(ctx.weights, stream, tables)), ids)
+
+    return replace(op, fn=fn, attrs={**op.attrs, "rows": True})
 
 
 @dataclass(frozen=True)
@@ -102,7 +164,8 @@ def segments(model: Model, program=None, dtype=None) -> list[Segment]:
     for i, op in enumerate(ops):
         if i + 1 < len(ops) and ops[i + 1].layer == op.layer:
             continue
-        names = {n for o in ops[start:i + 1] for n in model.op_tensor_names(o)}
+        # (an embedding op reading rows holds [tokens, ...] of its tables: activations)
+        names = {n for o in ops[start:i + 1] if not o.attrs.get("rows") for n in model.op_tensor_names(o)}
         total = 0
         for n in names:
             t = ck.info(n)
@@ -146,8 +209,10 @@ class StreamedModel(Model):
         self._stream = StreamingTensors(checkpoint, tensor_names)
         self._converted: dict = {}
         self._checked: set = set()  # compute dtypes whose weights were checked against the budget
+        self._by_rows: dict[int, tuple] = {}  # id(program) -> (program, its rows program)
         super().__init__(family, config, text_config, checkpoint, program, tensor_names,
                          tensors=self._stream, **kw)
+        self.program = self.rows_program(program)
         self._stream.release()  # (the storage dtype was read from a tensor's header: lazy, never evaluated)
         self.memory_budget = int(memory_budget)
         #: None: a progress bar when a run is slow and stderr is a terminal or in a notebook;
@@ -157,6 +222,20 @@ class StreamedModel(Model):
 
     def __repr__(self):
         return super().__repr__()[:-1] + f", streamed within {fmt_bytes(self.memory_budget)}>"
+
+    def rows_program(self, program: Program) -> Program:
+        """``program`` with its embedding ops reading only the rows of their ids (kept)."""
+        if any(op.attrs.get("rows") for op in program.ops):
+            return program
+        out = self._by_rows.get(id(program))
+        if out is None or out[0] is not program:
+            ops = [_by_rows(op, self._stream, frozenset(self.op_tensor_names(op))) if op.kind == "embedding" else op
+                   for op in program.ops]
+            out = self._by_rows[id(program)] = (program, Program(ops, program.inputs))
+        return out[1]
+
+    def program_for(self, attention=None) -> Program:
+        return self.rows_program(super().program_for(attention))
 
     def check_budget(self, program=None, dtype=None) -> Segment:
         """The largest segment; a ValueError naming it when it does not fit the budget."""
