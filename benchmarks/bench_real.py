@@ -1,0 +1,237 @@
+"""Real shapes: mlx-lm's forward vs our trace (no capture / stats / full), stepping, and a
+float16 hunt, side by side on a random checkpoint of a published Gemma shape.
+
+    python benchmarks/bench_real.py e2b --dtype bf16 --tokens 256,4096
+    python benchmarks/bench_real.py 26b-a4b --dtype 4bit --tokens 256 --json out.json
+    python benchmarks/bench_real.py e2b --dtype 4bit --layers 4 --tokens 64 --reps 2   # CPU-sized
+
+Shapes (workbench/zoo/real_shapes.py): e2b, e4b, 26b-a4b, 31b, gemma3-12b; dtype: bf16,
+4bit (affine, groups of 64, as mlx-community converts) or mxfp4.  The checkpoint is written
+from mlx-lm's own classes (random values) into a temporary folder, or into ``--path`` (kept;
+a ``--path`` holding a config.json is reused as it is).  ``--layers N`` / ``--vocab V`` cut the
+depth / vocabulary at real widths.  For each prompt length, interleaved in one run (median of
+``--reps``, every variant evaluated to its logits):
+
+* mlx-lm's forward (or mlx-vlm's language model, whichever loads the checkpoint): the reference;
+* ``workbench.trace(model, ids, capture=None / "stats" / "full").run()`` (full only where its
+  values fit in half the memory available; the attention the model defaults to, fused once
+  engineer A's work lands; ``--attention explicit`` adds a stats trace with explicit attention);
+* a float16 ``hunt`` vs a float16 stats trace (issue 11.4: hunt <= 2x the stats trace);
+
+then stepping one op at a time (``Trace.step()``, stats capture, mean and worst ms over
+``--steps`` steps; issue 11.4: < 50 ms a step on E2B), and the logits' max abs difference to
+the reference.  Prints absolute times, tokens/s and ratios; ``--json`` writes them.
+Runs unchanged on the CPU (small --layers) and on a GPU through MLX's CUDA backend.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import workbench  # noqa: F401  (fast BLAS before mlx.core)
+import mlx.core as mx
+
+from workbench import fsio
+from workbench.zoo import real_shapes as rs
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import CLOCKS, interleaved  # noqa: E402
+
+DTYPES = {"bf16": None, "4bit": "affine4", "mxfp4": "mxfp4"}
+TARGETS = {"trace-none": 1.10, "trace-stats": 1.15, "trace-full": 1.5}
+
+
+def log(msg: str) -> None:
+    print(f"[bench_real {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def reference(path: Path):
+    """The reference forward: mlx-lm's model, or mlx-vlm's language model."""
+    try:
+        from mlx_lm.utils import load_model
+
+        model, _ = load_model(path, strict=True)
+        return "mlx-lm", model
+    except Exception as e_lm:  # noqa: BLE001 - any failure: try the other reference, then report both
+        try:
+            from mlx_vlm.utils import load_model as vlm_load
+
+            model = vlm_load(path)
+            return "mlx-vlm", model.language_model
+        except Exception as e_vlm:  # noqa: BLE001
+            raise SystemExit(f"bench_real: neither mlx-lm ({e_lm}) nor mlx-vlm ({e_vlm}) loads {path}") from None
+
+
+def ref_logits(ref, ids):
+    out = ref(ids)
+    return getattr(out, "logits", out)
+
+
+def memory_available() -> int:
+    from workbench.trace.entry import available_memory
+
+    host = available_memory() or 0
+    try:
+        dev = int(mx.device_info().get("memory_size", 0)) if mx.default_device().type == mx.gpu else 0
+    except Exception:  # noqa: BLE001 - older MLX: no device_info
+        dev = 0
+    return min(x for x in (host, dev) if x) if (host or dev) else 0
+
+
+def bench_tokens(model, ref, ref_name: str, tokens: int, reps: int, clock, attention: str, full: str) -> dict:
+    vocab = model.vocab_size
+    ids = mx.array([[(7 * i + 3) % vocab for i in range(tokens)]], mx.int32)
+    want = ref_logits(ref, ids)[0]
+    mx.eval(want)
+
+    def theirs():
+        mx.eval(ref_logits(ref, ids))
+
+    def traced(capture, **kw):
+        def f():
+            t = workbench.trace(model, ids[0], capture=capture, **kw)
+            t.run()
+            mx.eval(t.logits)
+            return t
+        return f
+
+    def hunted():
+        from workbench.trace.hunt import hunt
+
+        r = hunt(model, ids[0], dtype="float16")
+        hunt_ops[0] = r.report["ops_checked"]
+
+    hunt_ops = [None]
+    probe = traced("stats")()  # one stats trace: its logits and the size of every op's output
+    diff = float(mx.abs(probe.logits.astype(mx.float32) - want.astype(mx.float32)).max())
+    n_ops = len(probe.ops)
+    full_bytes = sum(math.prod(s.output_shape) * model.default_dtype.size for s in probe.steps
+                     if s.output_shape)
+    del probe
+    avail = memory_available()
+    run_full = full == "on" or (full == "auto" and (not avail or full_bytes < avail / 2))
+    variants = {ref_name: theirs, "trace-none": traced(None), "trace-stats": traced("stats")}
+    if run_full:
+        variants["trace-full"] = traced("full")
+    notes = [] if run_full else [f"full capture skipped: its values need {full_bytes / 2**30:.1f} GiB, "
+                                 f"{avail / 2**30:.1f} GiB available"]
+    if attention == "explicit":
+        try:
+            traced("stats", attention="explicit")()
+            variants["trace-stats-explicit-attn"] = traced("stats", attention="explicit")
+        except Exception as e:  # noqa: BLE001 - report why the column is missing, measure the rest
+            notes.append(f"explicit attention not measured: {str(e).splitlines()[0][:160]}")
+    variants["stats-f16"] = traced("stats", dtype="float16")
+    variants["hunt-f16"] = hunted
+    med = interleaved(variants, reps, clock, warmup=1)
+    return {"tokens": tokens, "ops": n_ops, "max_abs_diff_vs_reference": diff, "full_capture_bytes": full_bytes,
+            "hunt_ops_checked": hunt_ops[0], "notes": notes,
+            "times": {k: {"median_s": v[0], "min_s": v[1], "tokens_per_s": tokens / v[0]} for k, v in med.items()}}
+
+
+def bench_steps(model, tokens: int, steps: int) -> dict:
+    vocab = model.vocab_size
+    ids = mx.array([(7 * i + 3) % vocab for i in range(tokens)], mx.int32)
+    t = workbench.trace(model, ids, capture="stats")
+    times, names = [], []
+    for _ in range(min(steps, len(t.ops))):
+        t0 = time.perf_counter()
+        s = t.step()
+        times.append(time.perf_counter() - t0)
+        names.append(s.name)
+    worst = max(range(len(times)), key=times.__getitem__)
+    return {"tokens": tokens, "steps": len(times), "mean_ms": 1e3 * sum(times) / len(times),
+            "max_ms": 1e3 * times[worst], "slowest_op": names[worst]}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("shape", choices=rs.NAMES)
+    p.add_argument("--dtype", default="bf16", choices=list(DTYPES))
+    p.add_argument("--tokens", default="256", help="comma list of prompt lengths (default 256)")
+    p.add_argument("--layers", type=int, default=None, help="cut to N layers (real widths)")
+    p.add_argument("--vocab", type=int, default=None, help="cut the vocabulary to V tokens")
+    p.add_argument("--path", type=Path, default=None, help="write the checkpoint here and keep it (reused if it "
+                                                          "holds a config.json)")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--steps", type=int, default=50, help="ops stepped one at a time (0: skip)")
+    p.add_argument("--full", default="auto", choices=["auto", "on", "off"],
+                   help="full capture: auto (where its values fit in half the memory), on, off")
+    p.add_argument("--attention", default="default", choices=["default", "explicit"],
+                   help="explicit: also a stats trace with explicit attention (scores/softmax steps)")
+    p.add_argument("--clock", default="wall", choices=list(CLOCKS))
+    p.add_argument("--json", type=Path, default=None, help="write the figures here")
+    a = p.parse_args(argv)
+    try:
+        tokens = [int(x) for x in a.tokens.split(",")]
+        if any(t < 1 for t in tokens):
+            raise ValueError
+    except ValueError:
+        p.error(f"--tokens must be a comma list of positive integers, got {a.tokens!r}")
+    quant = DTYPES[a.dtype]
+    try:
+        rs.config(a.shape, layers=a.layers, vocab_size=a.vocab)
+    except ValueError as e:
+        p.error(str(e))
+    with tempfile.TemporaryDirectory(prefix="bench_real_") as tmp:
+        path = a.path or Path(tmp) / a.shape
+        if (path / "config.json").is_file():
+            log(f"reusing {path}")
+        else:
+            size = rs.nbytes(a.shape, quant=quant, layers=a.layers, vocab_size=a.vocab)
+            log(f"writing a random {a.shape} ({a.dtype}, {size / 1e9:.1f} GB) to {path}")
+            rs.build_random(a.shape, path, quant=quant, layers=a.layers, vocab_size=a.vocab)
+        ckpt_bytes = sum(f.stat().st_size for f in path.glob("*.safetensors"))
+        log("loading the reference and our model")
+        ref_name, ref = reference(path)
+        model = workbench.load(path)
+        rows = []
+        for t in tokens:
+            log(f"{t} tokens: timing {a.reps} interleaved rounds")
+            rows.append(bench_tokens(model, ref, ref_name, t, a.reps, CLOCKS[a.clock], a.attention, a.full))
+        step = bench_steps(model, tokens[0], a.steps) if a.steps else None
+    result = {"shape": a.shape, "dtype": a.dtype, "layers": a.layers or rs.config(a.shape)["text_config"][
+        "num_hidden_layers"], "vocab": a.vocab, "checkpoint_bytes": ckpt_bytes, "reference": ref_name,
+              "device": str(mx.default_device()), "reps": a.reps, "clock": a.clock, "rows": rows, "stepping": step}
+    report(result)
+    if a.json:
+        fsio.write_text(a.json, json.dumps(result, indent=2))
+    return 0
+
+
+def report(r: dict) -> None:
+    ref = r["reference"]
+    print(f"{r['shape']}-shaped {r['dtype']} ({r['checkpoint_bytes'] / 1e9:.2f} GB, {r['layers']} layers"
+          f"{', vocab ' + str(r['vocab']) if r['vocab'] else ''}), device {r['device']}, median of {r['reps']}, "
+          f"{r['clock']} clock")
+    for row in r["rows"]:
+        times = row["times"]
+        base = times[ref]["median_s"]
+        print(f"  {row['tokens']} tokens, {row['ops']} ops; logits max |trace - {ref}| = "
+              f"{row['max_abs_diff_vs_reference']:.3g}")
+        print(f"    {'':28s} {'median':>10s} {'min':>10s} {'tokens/s':>10s}   ratio")
+        for k, v in times.items():
+            ratio = ""
+            if k != ref and k not in ("stats-f16", "hunt-f16"):
+                tgt = f" (target <= {TARGETS[k]:.2f}x)" if k in TARGETS else ""
+                ratio = f"{v['median_s'] / base:6.2f}x {ref}{tgt}"
+            elif k == "hunt-f16":
+                ratio = (f"{v['median_s'] / times['stats-f16']['median_s']:6.2f}x stats-f16 (target <= 2x; "
+                         f"{row['hunt_ops_checked']} of {row['ops']} ops checked)")
+            print(f"    {k:28s} {v['median_s'] * 1e3:8.1f}ms {v['min_s'] * 1e3:8.1f}ms {v['tokens_per_s']:10.0f}   "
+                  f"{ratio}")
+        for n in row["notes"]:
+            print(f"    note: {n}")
+    s = r["stepping"]
+    if s:
+        print(f"  stepping ({s['tokens']} tokens, stats): {s['mean_ms']:.1f} ms a step on average over "
+              f"{s['steps']} steps, slowest {s['max_ms']:.1f} ms ({s['slowest_op']}); target < 50 ms")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
