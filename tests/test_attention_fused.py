@@ -163,6 +163,23 @@ def test_trace_choice_shows_the_steps(ckpts):
         attention_probabilities(model.trace(IDS), 1)
 
 
+def test_debugger_draws_a_fused_layers_recomputed_pattern(ckpts):
+    from workbench.widgets import StepDebugger
+
+    model = workbench.load(ckpts("qwen3"))
+    d = StepDebugger(model.trace(IDS, capture="stats"))
+    d.run_to("layers.1.self_attn.v_cache")
+    assert "appears once op #" in d.attention_note.value and "layers.1.self_attn.context" in d.attention_note.value
+    d.step()
+    assert d.current_step.name == "layers.1.self_attn.context"
+    assert d.attention.layout.display is None and "probabilities recomputed" in d.attention.title
+    e = model.trace(IDS, capture="full", attention=[1])
+    e.run()
+    want = np.array(e.value("layers.1.self_attn.softmax"))[0]
+    assert d.attention.num_heads == want.shape[0]
+    np.testing.assert_allclose(d.attention.values, want[d.attention.head], atol=1e-6)
+
+
 def test_head_stats(ckpts):
     model = workbench.load(ckpts("gemma4_text"))
     t = model.trace(IDS, capture="stats")  # nothing kept: recomputed from the op's inputs
@@ -247,3 +264,18 @@ def test_8k_prompt_grows_memory_far_less_than_one_layers_scores(tmp_path):
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["logits"][-2:] == [8192, 256]
     assert out["grew"] < out["scores"] / 4, out
+
+
+def test_hunt_cli_attention_option(ckpts, capsys):
+    from workbench.cli import main
+
+    path = str(ckpts("llama"))
+    rc = main(["hunt", path, "--ids", "2,17,99,4", "--attention", "explicit", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["ops_checked"] == len(workbench.load(path, attention="explicit").program)
+    rc = main(["hunt", path, "--ids", "2,17,99,4", "--attention", "0", "--json"])
+    one = json.loads(capsys.readouterr().out)["ops_checked"]
+    assert rc == 0 and one == len(workbench.load(path).program) + 2  # layer 0: scores and softmax
+    rc = main(["hunt", path, "--ids", "2,17,99,4", "--attention", "softmax"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "'softmax'" in err and len(err.strip().splitlines()) == 1

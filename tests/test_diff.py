@@ -74,7 +74,7 @@ def test_dump_file_holds_float32_ops_in_order(ckpt, reference):
     values, meta = read_dump(reference)
     model = workbench.load(ckpt)
     order = json.loads(meta["workbench.op_order"])
-    assert order == model.program.names and order[-1] == "logits"
+    assert order == model.program_for("explicit").names and order[-1] == "logits"  # the reference: explicit attention
     assert set(values) == set(order)
     assert json.loads(meta["workbench.ids"]) == IDS
     # the dump is the reference: the logits match the model's own forward
@@ -149,7 +149,8 @@ def test_python_api_and_reference_dump_as_reference(ckpt, reference, tmp_path):
     r2 = compare(reference, tmp_path / "e.npz", rules=RULES)  # a dump as the reference: no model run
     for r in (r1, r2):
         assert r.first_divergence.op == "layers.0.mlp.act"
-        assert [o.op for o in r.ops] == [o for o in workbench.load(ckpt).program.names if o in {x.op for x in r.ops}]
+        assert [o.op for o in r.ops] == [o for o in workbench.load(ckpt, attention="explicit").program.names
+                                         if o in {x.op for x in r.ops}]
     assert r1.to_dict()["ops"] == r2.to_dict()["ops"]
 
 
@@ -337,7 +338,7 @@ def test_error_by_token_position(tmp_path, bug, op, pattern):
     """The first divergence's error per position tells a RoPE bug from a window/mask bug from a BOS bug."""
     import mlx.core as mx
     from workbench.trace.interventions import patch
-    model = workbench.load(zoo.build("llama", tmp_path / "ll", dtype="float32"))
+    model = workbench.load(zoo.build("llama", tmp_path / "ll", dtype="float32"), attention="explicit")
     pos = lambda v, axis: mx.arange(v.shape[axis])
     fns = {"rope": lambda v, o: v * (1 + 0.05 * pos(v, 2)[None, None, :, None]),          # off by more each position
            "window": lambda v, o: mx.where((pos(v, 2) >= 4)[None, None, :, None], v * 0.5, v),  # wrong from position 4

@@ -558,7 +558,7 @@ def test_a_prompt_whose_attention_cannot_fit_is_refused_before_running(tmp_path)
 
     model = workbench.load(DEMO)
     explicit = model.program_for("explicit")
-    with pytest.raises(TraceError, match=r"needs \d+\.\d GiB .* attention='fused'.* or a shorter prompt"):
+    with pytest.raises(TraceError, match=r"needs \d+\.\d GiB .*attention='fused'.* or a shorter prompt"):
         check_attention_memory(explicit, 1, 30000, 30000, model.default_dtype, available=2**30)
     check_attention_memory(explicit, 1, 64, 64, model.default_dtype, available=2**30)  # fits: no error
     check_attention_memory(model.program, 1, 30000, 30000, model.default_dtype, available=2**30)  # fused

@@ -68,11 +68,14 @@ def run(args) -> int:
         bad = [i for i in ids if i >= vocab]
         if bad:
             raise UsageError(f"token id {bad[0]} is out of range for a vocabulary of {vocab}")
-    attention = args.attention
-    if attention not in ("fused", "explicit"):
-        attention = [int(x) if x.strip().isdigit() else x.strip() for x in attention.split(",")]
+    kw = {}
+    if args.attention != "fused":
+        if getattr(model, "granularity", "op") == "module":
+            raise UsageError("--attention: a module-level model runs its own attention modules (no scores step)")
+        kw["attention"] = args.attention if args.attention == "explicit" else [
+            int(x) if x.strip().isdigit() else x.strip() for x in args.attention.split(",")]
     try:
-        result = hunt(model, ids, dtype=args.dtype, attention=attention)
+        result = hunt(model, ids, dtype=args.dtype, **kw)
     except (ValueError, KeyError, TraceError) as e:
         raise UsageError(str(e).strip("'\"")) from None
     report = result.report

@@ -12,10 +12,11 @@ shapes; statistics and the fraction of float16's and bfloat16's range its larges
 uses (the headroom: close to 100% means about to overflow); a heatmap of the value
 (tokens x channels; red/blue around zero for signed values, white to dark blue for
 non-negative ones such as probabilities; non-finite cells bright green); on the attention
-ops of a layer once its softmax ran, the attention pattern with token labels and hover
-(:class:`~workbench.widgets.attention.AttentionView`; pick the head); and the
-residual-stream norm of every layer so far.  At module granularity attention is fused
-(no softmax step): a one-line note says so instead.  Every abbreviation shown has a
+ops of a layer once its softmax ran (or its fused attention op: the probabilities are then
+recomputed for that layer, within the page's size limit), the attention pattern with token
+labels and hover (:class:`~workbench.widgets.attention.AttentionView`; pick the head); and
+the residual-stream norm of every layer so far.  At module granularity attention is fused
+inside a module (no step to recompute from): a one-line note says so instead.  Every abbreviation shown has a
 tooltip (hover it).
 A log (an Output widget) records every action.  Ops are numbered from 0, as
 ``Step.index`` and the NaN hunt number them: the header, the log and the hunt all say
