@@ -55,7 +55,9 @@ np.set_printoptions(precision=4, suppress=True, linewidth=110)
 from workbench.demo.paths import DEMO
 from workbench.widgets import StepDebugger
 from workbench import plots
-model = workbench.load(DEMO, dtype="float32")   # stored in bfloat16 (16-bit floats), computed in float32 here
+# stored in bfloat16 (16-bit floats), computed in float32 here; attention="explicit": every layer's
+# attention as three steps (scores, softmax, context) to look at -- by default it is one fused step
+model = workbench.load(DEMO, dtype="float32", attention="explicit")
 model
 
 # %%

@@ -42,7 +42,7 @@ np.set_printoptions(precision=4, suppress=True, linewidth=110)
 from workbench.demo.paths import DEMO
 from workbench import plots
 from workbench.widgets import StepDebugger
-model = workbench.load(DEMO, dtype="float32")
+model = workbench.load(DEMO, dtype="float32", attention="explicit")   # scores and softmax as steps
 prompt = "apple river stone cloud tree | apple river stone"
 tr = workbench.trace(model, prompt, capture="full")
 tr.run()

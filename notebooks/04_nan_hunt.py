@@ -172,7 +172,7 @@ print([(p.code, p.tensor) for p in report.problems])
 # of the following ops:
 
 # %%
-model = workbench.load(DEMO)
+model = workbench.load(DEMO, attention="explicit")   # scores and softmax as steps, to see the NaN spread
 t = workbench.trace(model, prompt, capture="stats", interventions=[inject("layers.0", float("nan"), index=(0, 3, 0))])
 t.run()
 T = t.ids.shape[1]

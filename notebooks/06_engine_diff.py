@@ -45,7 +45,7 @@ from workbench import plots
 from workbench.diff import compare
 from workbench.widgets import DiffView
 work = pathlib.Path(tempfile.mkdtemp())
-model = workbench.load(DEMO)
+model = workbench.load(DEMO, attention="explicit")   # the engine dumps its scores and softmax: so do we
 prompt = "apple river stone cloud tree | apple river stone"
 ids = model.encode(prompt)
 print(len(ids), "tokens:", ids)

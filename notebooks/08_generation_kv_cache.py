@@ -39,7 +39,7 @@ np.set_printoptions(precision=4, suppress=True, linewidth=110)
 
 from workbench.demo.paths import DEMO
 from workbench import plots
-model = workbench.load(DEMO, dtype="float32")
+model = workbench.load(DEMO, dtype="float32", attention="explicit")   # scores and softmax as steps
 prompt = "apple river stone cloud tree | apple"
 g = workbench.generate(model, prompt, max_tokens=6, capture="full")
 print(repr(prompt), "->", repr(g.text))
@@ -118,7 +118,7 @@ for k, t in enumerate(g.traces[1:], start=1):
 
 # %%
 from workbench.demo.paths import DEMO_KV
-kv = workbench.load(DEMO_KV, dtype="float32")
+kv = workbench.load(DEMO_KV, dtype="float32", attention="explicit")
 kcfg = kv.config
 W = kcfg["sliding_window"]
 print("sliding_window:", W, "| kv-shared layers:", kcfg["num_kv_shared_layers"])

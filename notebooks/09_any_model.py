@@ -93,7 +93,8 @@ for label, v in t.inputs("layers.0.post_attention_layernorm"):
 # %% [markdown]
 # So `o_proj`'s input is the attention output (computed by the fused kernel, not a step),
 # and the post-attention norm reads the residual sum `x + attention` (an add between
-# steps). When you need the scores and the softmax, use an op program (notebook 03) — or
+# steps). When you need the scores and the softmax, use an op program with explicit attention
+# (`workbench.load(path, attention="explicit")`, notebook 03) — or
 # compare against the module view: where the two granularities share a name
 # (`layers.1.self_attn.q_proj`, `layers.1`, `logits`) their values agree.
 #

@@ -69,7 +69,7 @@ os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.g
 work = pathlib.Path(tempfile.mkdtemp())   # the files we write; `!cd {work} && ...` runs a command there
 demo_dir = os.path.relpath(DEMO)          # the checkpoint, relative to this folder
 
-model = workbench.load(DEMO)
+model = workbench.load(DEMO, attention="explicit")   # the engine's scores and softmax are steps here too
 prompt = "mia red kite . tom blue cup . anna green hat . mia"
 ids = model.encode(prompt)
 IDS = ",".join(map(str, ids))          # the same token ids for every command
