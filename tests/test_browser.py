@@ -198,7 +198,7 @@ from workbench.diff import compare_arrays
 from workbench.trace import inject
 from workbench.widgets import DiffView, HazardTimeline, StepDebugger, WeightBrowser
 
-model = workbench.load(DEMO, dtype="float32")
+model = workbench.load(DEMO, dtype="float32", attention="explicit")  # softmax steps to run to
 PROMPT = "apple river stone cloud tree | apple river stone"
 BAD = "layers.1.mlp.down_proj"  # a NaN planted here, so "next non-finite" has something to find
 

@@ -38,7 +38,7 @@ view''' % json.dumps(TOKENS),
 from workbench.demo.paths import DEMO
 from workbench.widgets import StepDebugger
 dbg = StepDebugger(workbench.trace(workbench.load(DEMO, dtype="float32"), "apple river stone | apple river",
-                                   capture="full"), head=2)
+                                   capture="full", attention="explicit"), head=2)
 dbg.run_to("layers.1.self_attn.softmax")
 dbg''',
     '''L = np.tril(rng.random((2, 100, 100)) + 0.01).astype(np.float32)
