@@ -279,3 +279,14 @@ def test_hunt_cli_attention_option(ckpts, capsys):
     rc = main(["hunt", path, "--ids", "2,17,99,4", "--attention", "softmax"])
     err = capsys.readouterr().err
     assert rc == 2 and "'softmax'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_module_level_models_refuse_explicit_attention(tmp_path):
+    from workbench.zoo import reference as zoo_ref
+
+    path = zoo_ref.build("qwen2_moe", tmp_path / "q2moe")
+    with pytest.raises(ValueError, match="module-level model runs its own attention"):
+        workbench.load(path, attention="explicit")
+    m = workbench.load(path)
+    with pytest.raises(TraceError, match="module-level model runs its own attention"):
+        m.trace([3, 17, 42], attention=[0])

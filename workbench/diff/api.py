@@ -91,8 +91,10 @@ def _load_model(model: Any, dtype: str | None):
         if not os.path.exists(model):
             raise DiffError(f"{model}: no such file or directory")
         try:
-            # explicit attention: engines dump their scores and softmax, the reference has them
-            return workbench.load(model, dtype=dtype, attention="explicit")
+            m = workbench.load(model, dtype=dtype)
+            if not _is_module_level(m):  # engines dump their scores and softmax: the reference has them
+                m.program = m.program_for("explicit")
+            return m
         except (CheckpointError, ValueError, KeyError, OSError) as e:
             msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
             raise DiffError(msg if str(model) in msg else f"{model}: {msg}") from None

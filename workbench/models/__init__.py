@@ -65,6 +65,9 @@ def load(path, dtype=None, granularity: str = "auto", library: str | None = None
         if memory_budget is not None:
             raise ValueError("memory_budget: streaming runs op programs (llama, qwen3, gemma3_text, "
                              "gemma4_text); a module-level model holds its weights")
+        if attention != "fused":
+            raise ValueError(f"attention={attention!r}: a module-level model runs its own attention modules "
+                             "(fused, no scores step); explicit attention needs an op program")
         from workbench.reference import open_reference
         model = open_reference(path if isinstance(path, (str, os.PathLike)) else ck.root, ck, library)
         dt = parse_dtype(dtype)

@@ -235,8 +235,10 @@ class ReferenceModel(TextCodec):
         return primary
 
     def trace(self, ids_or_text, capture="stats", dtype=None, **kw) -> ModuleTrace:
-        """A :class:`ModuleTrace` of this model (``workbench.trace(model, ...)``)."""
-        return self.module_trace(ids_or_text, capture=capture, dtype=dtype, **kw)
+        """A :class:`ModuleTrace` of this model (``workbench.trace(model, ...)``, which checks
+        what only an op program takes, e.g. ``attention=``)."""
+        from workbench.trace.entry import trace
+        return trace(self, ids_or_text, capture=capture, dtype=dtype, **kw)
 
     def module_trace(self, ids_or_text, capture="stats", dtype=None, breakpoints=None, interventions=None, *,
                      cache=None, attention_mask=None, pad_id=None, images=None, audio=None,
