@@ -70,6 +70,7 @@ class Program:
             self._index[op.name] = i
             known.add(op.name)
         self._last_use = None
+        self._frees = None
 
     def __len__(self) -> int:
         return len(self.ops)
@@ -105,6 +106,16 @@ class Program:
                     lu[src] = i
             self._last_use = lu
         return self._last_use
+
+    def frees(self) -> list[tuple[str, ...]]:
+        """Per op, the op outputs it reads for the last time (free them once it ran;
+        program inputs are never freed)."""
+        if self._frees is None:
+            lu = self.last_use()
+            ins = set(self.inputs)
+            self._frees = [tuple(s for s in dict.fromkeys(op.inputs) if lu.get(s) == i and s not in ins)
+                           for i, op in enumerate(self.ops)]
+        return self._frees
 
     def match(self, patterns: str | Iterable[str]) -> list[str]:
         """Op names matching glob patterns (``layers.*.self_attn.q_proj``) or ``re:`` regexes."""

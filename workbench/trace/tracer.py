@@ -94,6 +94,7 @@ class Trace:
         self._ops = program.ops
         self._last_use = program.last_use()
         self._last_name = program.ops[-1].name
+        self._frees = program.frees()
         self._release = getattr(model, "release_weights", None)
         if memory_budget is None and store is None:
             memory_budget = getattr(model, "capture_budget", None)
@@ -226,11 +227,10 @@ class Trace:
             labels = tuple(iv.label for iv in ivs)
         env[op.name] = out
         freed = {}
-        lu = self._last_use
-        feeds = self._feeds
-        for s in op.inputs:
-            if lu.get(s) == i and s not in feeds and s in env:
-                freed[s] = env.pop(s)
+        for s in self._frees[i]:
+            v = env.pop(s, None)
+            if v is not None:
+                freed[s] = v
         undo = self._undo
         undo[i] = freed
         if len(undo) > _UNDO_DEPTH:
