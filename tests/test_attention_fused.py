@@ -42,7 +42,8 @@ def ckpts(tmp_path_factory):
 
 
 def _kinds(program, layer):
-    return {op.name.rsplit(".", 1)[1]: op.kind for op in program.ops if op.name.startswith(f"layers.{layer}.self_attn.")}
+    prefix = f"layers.{layer}.self_attn."
+    return {op.name.rsplit(".", 1)[1]: op.kind for op in program.ops if op.name.startswith(prefix)}
 
 
 def _contexts(model, program, ids, mask=None, cache=None):
@@ -238,7 +239,8 @@ import json, resource, sys
 import workbench, mlx.core as mx
 from workbench import zoo
 T = 8192
-path = zoo.build("gemma4_text", sys.argv[1], hidden_size=256, num_hidden_layers=3, num_attention_heads=8, global_head_dim=32,
+path = zoo.build("gemma4_text", sys.argv[1], hidden_size=256, num_hidden_layers=3, num_attention_heads=8,
+                 global_head_dim=32,
                  num_key_value_heads=1, num_kv_shared_layers=0, hidden_size_per_layer_input=0, dtype="bfloat16",
                  layer_types=["sliding_attention", "sliding_attention", "full_attention"])
 model = workbench.load(path)
