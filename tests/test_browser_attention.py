@@ -15,8 +15,8 @@ import time
 import numpy as np
 import pytest
 
-from test_browser import (CHROMIUM, CHROMIUM_ARGS, JS_NOTEBOOK_READY, JS_PROGRESS, JS_RUN_ALL, _chromium_missing,
-                          serve_lab)
+from test_browser import (CHROMIUM, CHROMIUM_ARGS, JS_EXEC, JS_NOTEBOOK_READY, JS_PROGRESS, JS_RUN_ALL,
+                          _chromium_missing, _notebook, serve_lab)
 from workbench.lab import REPO_ROOT
 
 pytestmark = pytest.mark.browser
@@ -47,26 +47,6 @@ long = AttentionView(L, [f"t{i}" for i in range(100)], [f"t{i}" for i in range(1
 long.add_class("long")
 long''',
 ]
-
-JS_EXEC = """async (code) => {
-  const k = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
-  const fut = k.requestExecute({code: code, silent: false, store_history: false});
-  let out = '', err = null;
-  fut.onIOPub = (msg) => {
-    if (msg.header.msg_type === 'stream') out += msg.content.text;
-    if (msg.header.msg_type === 'error') err = msg.content.ename + ': ' + msg.content.evalue;
-  };
-  await fut.done;
-  return {out: out, err: err};
-}"""
-
-
-def _notebook(cells) -> dict:
-    return {"nbformat": 4, "nbformat_minor": 5,
-            "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
-            "cells": [{"cell_type": "code", "id": f"c{i}", "metadata": {}, "execution_count": None, "outputs": [],
-                       "source": src} for i, src in enumerate(cells)]}
-
 
 def _expected_p(p: float) -> str:
     """The page's number format (JavaScript's toFixed(3), toExponential(1): "3.8e-5")."""
