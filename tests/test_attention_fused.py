@@ -292,3 +292,20 @@ def test_module_level_models_refuse_explicit_attention(tmp_path):
     m = workbench.load(path)
     with pytest.raises(TraceError, match="module-level model runs its own attention"):
         m.trace([3, 17, 42], attention=[0])
+
+
+@pytest.mark.parametrize("T,S,window,chunk", [(9, 9, None, None), (1, 9, None, None), (9, 9, 4, None), (9, 9, 16, None),
+                                              (5, 12, None, None), (40, 40, None, 3), (40, 40, 8, 3), (20, 40, 8, 5)])
+def test_mlx_lms_plain_masks_mean_the_array_mask(T, S, window, chunk, monkeypatch):
+    """Without padding the kernel gets mlx-lm's own mask (None / "causal") where it is plain:
+    the values are those of the boolean mask of every key (``key_valid`` all True)."""
+    if chunk:
+        monkeypatch.setitem(attn_math.CHUNK_BYTES, "cpu", chunk * 4 * S * 4)
+    mx.random.seed(T * S)
+    q, k, v = mx.random.normal((1, 4, T, 8)), mx.random.normal((1, 2, S, 8)), mx.random.normal((1, 2, S, 8))
+    plain = attn_math.fused_attention(q, k, v, mx.zeros((1, 0), mx.bool_), 0.3, window)
+    array = attn_math.fused_attention(q, k, v, mx.ones((1, S), mx.bool_), 0.3, window)
+    np.testing.assert_allclose(np.array(plain), np.array(array), rtol=1e-6, atol=1e-6)
+    ref = attn_math.probabilities(q, k, attn_math.attention_mask(S - T, T, 0, S, window), 0.3)
+    want = (ref.reshape(1, 2, 2, T, S) @ mx.expand_dims(v, 2)).reshape(1, 4, T, 8)
+    np.testing.assert_allclose(np.array(plain), np.array(want), rtol=1e-5, atol=1e-5)

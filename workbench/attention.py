@@ -10,7 +10,7 @@ import mlx.core as mx
 #: where MLX has no fused kernel (its CPU backend, some head sizes on a GPU) it computes
 #: them (peak about 5x this), so a long prompt runs in query chunks, one after the other
 #: (rows are independent: the values are the same)
-CHUNK_BYTES = {"cpu": 64 * 2**20, "gpu": 256 * 2**20}
+CHUNK_BYTES = {"cpu": 64 * 2**20, "gpu": 2**30}  # GPU: a 4096-token E2B prompt in one call, as mlx-lm
 
 
 def attention_mask(first: int, rows: int, lo: int, hi: int, window: int | None = None, valid=None):
@@ -29,9 +29,25 @@ def attention_mask(first: int, rows: int, lo: int, hi: int, window: int | None =
     return m
 
 
+def real_keys(valid):
+    """The feed ``key_valid`` as :func:`attention_mask` takes it: None when it is empty
+    ([1, 0]: no padding, every key real), else the [B, S] array."""
+    return None if valid is None or valid.shape[-1] == 0 else valid
+
+
+def kernel_mask(first: int, rows: int, lo: int, hi: int, window: int | None = None, valid=None):
+    """The mask the kernel is given for queries ``first ..`` against keys ``lo .. hi - 1``:
+    mlx-lm's own where the mask is plain (no padding, no window cut, the queries the last
+    keys) -- None for one query, ``"causal"`` for more -- else :func:`attention_mask`."""
+    if valid is None and lo == 0 and first + rows == hi and (window is None or hi <= window):
+        return None if rows == 1 else "causal"
+    return attention_mask(first, rows, lo, hi, window, valid)
+
+
 def fused_attention(q, k, v, valid, scale: float, window: int | None = None):
     """[B, H, T, D] through ``mx.fast.scaled_dot_product_attention`` (GQA by the kernel) --
-    what mlx-lm runs -- under :func:`attention_mask` (``valid``: [B, S] real keys).
+    what mlx-lm runs -- under :func:`attention_mask` (``valid``: the feed ``key_valid``,
+    [B, S] real keys, or empty: no padding).
 
     The queries are the last T of the S key positions.  When one call's scores would pass
     :data:`CHUNK_BYTES`, the queries run in chunks, one after the other, each over the keys
@@ -40,10 +56,11 @@ def fused_attention(q, k, v, valid, scale: float, window: int | None = None):
     B, H, T, _ = q.shape
     S = k.shape[2]
     first = S - T  # query t is at key position first + t
+    valid = real_keys(valid)
     rows = max(1, CHUNK_BYTES[mx.default_device().type.name] // (B * H * S * 4))
     if T <= rows:
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale,
-                                                    mask=attention_mask(first, T, 0, S, window, valid))
+                                                    mask=kernel_mask(first, T, 0, S, window, valid))
     out = []
     for t in range(0, T, rows):
         end = min(t + rows, T)
@@ -51,7 +68,7 @@ def fused_attention(q, k, v, valid, scale: float, window: int | None = None):
         qc = q[:, :, t:end]
         if out:  # one chunk after the other: the scheduler would otherwise start them all at once
             qc = mx.depends(qc, out[-1])
-        mask = attention_mask(first + t, end - t, lo, hi, window, valid)
+        mask = kernel_mask(first + t, end - t, lo, hi, window, valid)
         out.append(mx.fast.scaled_dot_product_attention(qc, k[:, :, lo:hi], v[:, :, lo:hi], scale=scale, mask=mask))
     return mx.concatenate(out, axis=2)
 

@@ -8,9 +8,10 @@ Program inputs (made by :meth:`Model.feeds`):
                         (negative under left padding: the first real token is position 0)
 * ``attn_mask``         [B|1, 1, T, S] bool, True = may attend (causal, padding-aware)
 * ``attn_mask_sliding`` the same with the sliding window (families that use one)
-* ``key_valid``         [B|1, S] bool, True = the key position holds a real token: what
-                        fused attention reads (it makes its own mask slices, so the [T, S]
-                        masks above are computed only where explicit attention reads them)
+* ``key_valid``         [B, S] bool, True = the key position holds a real token (or [1, 0],
+                        empty: no padding, every key real): what fused attention reads (it
+                        makes its own mask slices, so the [T, S] masks above are computed
+                        only where explicit attention reads them)
 """
 from __future__ import annotations
 
@@ -128,7 +129,7 @@ def make_feeds(ids, attention_mask=None, cache: KVCache | None = None,
         rope_offset = mx.full((B,), offset, mx.int32)
 
     feeds = {"input_ids": ids, "rope_offset": rope_offset,
-             "key_valid": valid if valid is not None else mx.ones((1, S), mx.bool_)}
+             "key_valid": valid if valid is not None else mx.zeros((1, 0), mx.bool_)}
     for name, window in (windows or {"attn_mask": None}).items():
         feeds[name] = mask_of(offset, T, 0, S, window, valid)
     return feeds

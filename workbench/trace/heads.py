@@ -16,7 +16,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from workbench.attention import attention_mask, attention_scores, probabilities as _probabilities
+from workbench.attention import attention_mask, attention_scores, probabilities as _probabilities, real_keys
 from workbench.trace.step import TraceError
 
 #: the op kinds of an attention output: the fused kernel's op, the explicit context op
@@ -84,6 +84,6 @@ def probabilities(trace, layer: int, scores: bool = False) -> tuple[str, mx.arra
         raise TraceError(f"{name} has not run yet (run the trace past it)")
     q, k, _, valid = (v for _, v in trace.inputs(name))
     T, S = q.shape[2], k.shape[2]
-    mask = attention_mask(S - T, T, 0, S, op.attrs.get("window"), valid)
+    mask = attention_mask(S - T, T, 0, S, op.attrs.get("window"), real_keys(valid))
     scale = float(op.attrs["scale"])
     return name, attention_scores(q, k, mask, scale) if scores else _probabilities(q, k, mask, scale)
