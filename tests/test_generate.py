@@ -159,3 +159,37 @@ def test_check_sampling_accepts_the_edges():
     assert check_sampling(0, 1, 0, None) == {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": None}
     assert check_sampling(1e-3, 1e-9, 10**6, 2**64 - 1)["seed"] == 2**64 - 1
     assert check_sampling(np.float32(0.5), np.float64(0.5), np.int64(3), np.int32(4))["top_k"] == 3
+
+
+def test_the_collector_is_paused_only_while_decoding(g4, monkeypatch):
+    import gc
+    import importlib
+
+    gen_mod = importlib.import_module("workbench.trace.generate")  # (the package exports the function)
+
+    seen = []
+    real = gen_mod._trace
+
+    def spy(*a, **k):  # a forward after the first: inside the decoding loop
+        seen.append(gc.isenabled())
+        return real(*a, **k)
+
+    monkeypatch.setattr(gen_mod, "_trace", spy)
+    assert gc.isenabled()
+    workbench.generate(g4, [3, 5, 7], max_tokens=3)
+    assert seen[1:] == [False, False] and gc.isenabled()  # paused inside, enabled again after
+    gc.disable()
+    try:
+        workbench.generate(g4, [3, 5, 7], max_tokens=2)
+        assert not gc.isenabled()  # a caller's disabled collector stays disabled
+    finally:
+        gc.enable()
+
+    def boom(*a, **k):
+        raise RuntimeError("forward failed")
+
+    seen.clear()
+    monkeypatch.setattr(gen_mod, "Sampler", lambda *a, **k: boom)
+    with pytest.raises(RuntimeError, match="forward failed"):
+        workbench.generate(g4, [3, 5, 7], max_tokens=3)
+    assert gc.isenabled()  # restored when decoding fails

@@ -23,6 +23,7 @@ as mlx-lm does.
 """
 from __future__ import annotations
 
+import gc
 import math
 from dataclasses import dataclass, field
 from functools import partial
@@ -182,21 +183,30 @@ def generate(model, prompt, max_tokens: int = 16, capture="stats", dtype=None, *
     B = ids.shape[0]
     out: list[list[int]] = [[] for _ in range(B)]
     stops = set(stop or [])
-    for n in range(max_tokens):
-        # one mx.eval of the forward; its statistics are reduced on the statistics thread
-        # while the next forward computes (read through the trace, they wait for it)
-        t.run(wait=False)
-        if not t.done:
-            raise TraceError(f"forward {n} stopped at {t.steps[-1].name!r} before the logits")
-        nxt = sampler(t.logits[:, -1, :])
-        toks = nxt.tolist()
-        for b in range(B):
-            out[b].append(toks[b])
-        if n == max_tokens - 1 or (B == 1 and toks[0] in stops):
-            break
-        t = _trace(model, nxt.astype(mx.int32)[:, None], cache=cache, key_prefix=f"{n + 1}/", **kw)
-        t.batched = True
-        traces.append(t)
+    # every forward adds a few hundred Step records that live as long as the Generation:
+    # Python's cyclic collector would rescan them all, again and again, while decoding (a few
+    # percent of the tokens/s); it is paused for the loop and resumes after it
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        for n in range(max_tokens):
+            # one mx.eval of the forward; its statistics are reduced on the statistics thread
+            # while the next forward computes (read through the trace, they wait for it)
+            t.run(wait=False)
+            if not t.done:
+                raise TraceError(f"forward {n} stopped at {t.steps[-1].name!r} before the logits")
+            nxt = sampler(t.logits[:, -1, :])
+            toks = nxt.tolist()
+            for b in range(B):
+                out[b].append(toks[b])
+            if n == max_tokens - 1 or (B == 1 and toks[0] in stops):
+                break
+            t = _trace(model, nxt.astype(mx.int32)[:, None], cache=cache, key_prefix=f"{n + 1}/", **kw)
+            t.batched = True
+            traces.append(t)
+    finally:
+        if gc_was:
+            gc.enable()
     for tr in traces:
         tr.steps  # noqa: B018  (statistics still computing: wait for them)
         tr.batched = batched
