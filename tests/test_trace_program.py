@@ -313,3 +313,21 @@ def test_a_failing_op_is_named():
     with pytest.raises(TraceError, match=r"op 'layers.1.bad' \(linear, op 7\) failed on layers.1 \[3, 16\] float32 "
                                          r"reading w_bad"):
         t.run()
+
+
+def test_default_capture_budget_follows_the_device(monkeypatch):
+    from workbench.trace import store as store_mod
+
+    monkeypatch.delenv("WORKBENCH_CAPTURE_BUDGET", raising=False)
+    monkeypatch.setattr(store_mod.mx, "device_info", lambda: {"memory_size": 141 * 2**30})
+    assert store_mod.ValueStore().budget == 141 * 2**30 // 4  # a GPU: a quarter of its memory
+    monkeypatch.setattr(store_mod.mx, "device_info", lambda: {"memory_size": 4 * 2**30})
+    assert store_mod.ValueStore().budget == store_mod.DEFAULT_BUDGET  # never below the fixed default
+    monkeypatch.setattr(store_mod.mx, "device_info", lambda: {"architecture": "x86_64"})
+    assert store_mod.ValueStore().budget == store_mod.DEFAULT_BUDGET  # the CPU reports no size
+    monkeypatch.setenv("WORKBENCH_CAPTURE_BUDGET", "3GiB")
+    assert store_mod.ValueStore().budget == 3 * 2**30
+    assert store_mod.ValueStore(12345).budget == 12345  # an explicit budget wins
+    monkeypatch.setenv("WORKBENCH_CAPTURE_BUDGET", "lots")
+    with pytest.raises(ValueError, match="WORKBENCH_CAPTURE_BUDGET"):
+        store_mod.ValueStore()
