@@ -321,6 +321,8 @@ def test_default_capture_budget_follows_the_device(monkeypatch):
     monkeypatch.delenv("WORKBENCH_CAPTURE_BUDGET", raising=False)
     monkeypatch.setattr(store_mod.mx, "device_info", lambda: {"memory_size": 141 * 2**30})
     assert store_mod.ValueStore().budget == 141 * 2**30 // 4  # a GPU: a quarter of its memory
+    monkeypatch.setattr(store_mod.mx, "device_info", lambda: {"total_memory": 80 * 2**30, "free_memory": 1})
+    assert store_mod.ValueStore().budget == 20 * 2**30  # MLX's CUDA backend names it total_memory
     monkeypatch.setattr(store_mod.mx, "device_info", lambda: {"memory_size": 4 * 2**30})
     assert store_mod.ValueStore().budget == store_mod.DEFAULT_BUDGET  # never below the fixed default
     monkeypatch.setattr(store_mod.mx, "device_info", lambda: {"architecture": "x86_64"})

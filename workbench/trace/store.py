@@ -36,7 +36,8 @@ def default_budget() -> int:
         return parse_bytes(env, "WORKBENCH_CAPTURE_BUDGET")
 
     try:
-        size = int(mx.device_info().get("memory_size") or 0)
+        info = mx.device_info()  # Metal says memory_size, CUDA total_memory
+        size = int(info.get("memory_size") or info.get("total_memory") or 0)
     except Exception:  # noqa: BLE001 - no device information: the fixed default
         size = 0
     return max(DEFAULT_BUDGET, size // 4)
