@@ -82,7 +82,7 @@ class StepDebugger(W.VBox):
         self.nonfinite_button = b("next non-finite", "exclamation-triangle", "wb-next-nonfinite",
                                   "run until an op's output holds NaN or Inf")
         self.end_button = b("run to end", "fast-forward", "wb-run-end", "run every remaining op")
-        self.target = W.Combobox(placeholder="op name, e.g. layers.1.self_attn.softmax",
+        self.target = W.Combobox(placeholder="op name, e.g. layers.1.self_attn.context",
                                  options=list(trace.ops), ensure_option=True, layout=W.Layout(width="330px"))
         self.target.add_class("wb-target")
         self.run_to_button = b("run to", "play", "wb-run-to", "run through the op named on the left")
