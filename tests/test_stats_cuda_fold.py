@@ -68,3 +68,17 @@ def test_fold_equals_host_path(dt):
 def test_cuda_path_only_on_cuda():
     # on this CPU machine the kernel path must not be chosen (the host path computes)
     assert not S.on_cuda() or mx.default_device().type == mx.DeviceType.gpu
+    prev = mx.default_device()
+    mx.set_default_device(mx.cpu)
+    try:
+        assert S.on_cuda() is False  # computing on the CPU: never the kernel, CUDA or not
+    finally:
+        mx.set_default_device(prev)
+
+
+def test_cuda_switch_is_read_strictly(monkeypatch):
+    monkeypatch.setenv("WORKBENCH_STATS_CUDA", "0")
+    assert S.on_cuda() is False
+    monkeypatch.setenv("WORKBENCH_STATS_CUDA", "off")
+    with pytest.raises(ValueError, match="WORKBENCH_STATS_CUDA='off'"):
+        S.on_cuda()

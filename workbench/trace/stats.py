@@ -40,6 +40,7 @@ mask fill, the only approximation here.)
 """
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from typing import Sequence
@@ -570,14 +571,21 @@ _CUDA_BODY = r"""
 
 
 def on_cuda() -> bool:
-    """Whether MLX computes on a CUDA GPU (then statistics use :func:`cuda_parts`)."""
+    """Whether MLX computes on a CUDA GPU (then statistics use :func:`cuda_parts`);
+    ``WORKBENCH_STATS_CUDA=0`` turns the kernel off (``1`` or unset: on where CUDA is)."""
     import os
 
-    if os.environ.get("WORKBENCH_STATS_CUDA", "1") == "0":
-        return False
+    env = os.environ.get("WORKBENCH_STATS_CUDA", "1").strip()
+    if env not in ("0", "1"):
+        raise ValueError(f"WORKBENCH_STATS_CUDA={env!r}: expected 0 (no CUDA statistics kernel) or 1 (the default)")
+    return env == "1" and mx.default_device().type == mx.DeviceType.gpu and _cuda_available()
+
+
+@functools.lru_cache(maxsize=1)
+def _cuda_available() -> bool:
+    """Whether this MLX has a CUDA backend with a device (asked once per process)."""
     cuda = getattr(mx, "cuda", None)
-    return (cuda is not None and mx.default_device().type == mx.DeviceType.gpu
-            and bool(cuda.is_available()))
+    return cuda is not None and bool(cuda.is_available())
 
 
 def _cuda_kernel(k: int):
