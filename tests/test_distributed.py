@@ -32,6 +32,56 @@ def ckpts(tmp_path_factory):
             "gemma4_text": zoo.build("gemma4_text", d / "g4", dtype="float32")}
 
 
+# --------------------------------------------------------------------------- the wire
+class _Loopback:
+    """send/recv of wire.py over a queue in this process (what a peer sent, in order)."""
+
+    def __init__(self, monkeypatch):
+        from workbench.distributed import wire
+
+        self.sent = []
+        monkeypatch.setattr(wire, "_send", lambda x, dst, group: self.sent.append(np.array(x)))
+        monkeypatch.setattr(wire, "_recv", self._recv)
+
+    def _recv(self, shape, dtype, src, group):
+        a = self.sent.pop(0)
+        assert a.shape == tuple(shape), (a.shape, shape)  # what the receiver allocates is what came
+        return mx.array(a)
+
+    def header(self, doc):
+        raw = json.dumps(doc).encode()
+        self.sent = [np.frombuffer(len(raw).to_bytes(8, "little"), np.uint8), np.frombuffer(raw, np.uint8)]
+
+
+def test_bundles_round_trip_and_garbled_headers_are_wire_errors(monkeypatch):
+    from workbench.distributed import WireError
+    from workbench.distributed.wire import MAX_HEADER, recv_bundle, send_bundle
+
+    net = _Loopback(monkeypatch)
+    vals = {"h": mx.arange(12, dtype=mx.float32).reshape(3, 4).astype(mx.bfloat16),
+            "m": mx.array([[True, False]]), "e": mx.zeros((0, 5), mx.float16)}
+    assert send_bundle(vals, {"k": 1}, 1, None) == 12 * 2 + 2
+    meta, got = recv_bundle(0, None)
+    assert meta == {"k": 1} and set(got) == set(vals) and not net.sent
+    for k, v in vals.items():
+        assert got[k].dtype == v.dtype and got[k].shape == v.shape and mx.array_equal(got[k], v).item()
+    entry = {"name": "h", "dtype": "float32", "shape": [3, 4], "offset": 0, "nbytes": 48}
+    for doc, says in [({"meta": {}, "arrays": [entry], "payload": 2**62}, "payload"),
+                      ({"meta": {}, "arrays": [entry], "payload": 40}, "does not match"),
+                      ({"meta": {}, "arrays": [dict(entry, nbytes=44)], "payload": 48}, "does not match"),
+                      ({"meta": {}, "arrays": [dict(entry, shape=[-3, -4])], "payload": 48}, "does not match"),
+                      ({"meta": {}, "arrays": [dict(entry, dtype="float128")], "payload": 48}, "float128"),
+                      ({"meta": {}, "arrays": [{"name": "h"}], "payload": 48}, "array entry"),
+                      ({"arrays": []}, "not a workbench bundle")]:
+        net.header(doc)
+        with pytest.raises(WireError, match=says):
+            recv_bundle(3, None)
+        assert len(net.sent) == 0  # nothing received (or allocated) for the payload
+    net.sent = [np.frombuffer((MAX_HEADER + 1).to_bytes(8, "little"), np.uint8)]
+    with pytest.raises(WireError, match="header length"):
+        recv_bundle(3, None)
+
+
 # --------------------------------------------------------------------------- the plan
 
 def test_balanced_split_minimises_the_largest_rank():

@@ -10,6 +10,8 @@ known in advance.  :func:`gather_bytes` collects one byte string from every rank
 from __future__ import annotations
 
 import json
+import math
+import os
 
 import mlx.core as mx
 import numpy as np
@@ -71,26 +73,59 @@ def send_bundle(values: dict, meta: dict, dst: int, group) -> int:
     return offset
 
 
+#: the largest bundle header a rank accepts (names, dtypes, shapes and a small meta)
+MAX_HEADER = 64 * 2**20
+
+
+def _memory_bytes() -> int:
+    """This machine's physical memory: no payload can be larger (2**40 where unknown)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return 2**40
+
+
+def _checked_entries(header, src: int) -> tuple[list[tuple], int]:
+    """The header's arrays as (name, dtype, shape, offset, nbytes) and the payload size,
+    every field checked (each array's bytes are its shape's, inside the payload, and the
+    payload fits this machine's memory) before anything is allocated for them."""
+    def bad(why):
+        return WireError(f"rank {src} sent an unreadable header ({why})")
+
+    if not isinstance(header, dict) or not isinstance(header.get("arrays"), list) or "meta" not in header:
+        raise bad("not a workbench bundle")
+    total = header.get("payload")
+    if not isinstance(total, int) or not 0 <= total <= _memory_bytes():
+        raise bad(f"payload of {total!r} bytes")
+    out = []
+    for e in header["arrays"]:
+        try:
+            name, dt, shape = e["name"], _dtype(e["dtype"]), tuple(e["shape"])
+            offset, nbytes = e["offset"], e["nbytes"]
+        except (KeyError, TypeError):
+            raise bad(f"array entry {e!r}") from None
+        ints = (offset, nbytes) + shape
+        if not isinstance(name, str) or not all(isinstance(i, int) and i >= 0 for i in ints) \
+                or nbytes != math.prod(shape) * dt.size or offset + nbytes > total:
+            raise bad(f"array entry {e!r} does not match a {total}-byte payload")
+        out.append((name, dt, shape, offset, nbytes))
+    return out, total
+
+
 def recv_bundle(src: int, group) -> tuple[dict, dict]:
     """(meta, values) of the bundle rank ``src`` sends with :func:`send_bundle`."""
     n = int.from_bytes(bytes(np.array(_recv((8,), mx.uint8, src, group))), "little")
-    if not 0 < n < 2**31:
+    if not 0 < n <= MAX_HEADER:
         raise WireError(f"rank {src} sent a header length of {n} bytes: not a workbench bundle")
     try:
         header = json.loads(bytes(np.array(_recv((n,), mx.uint8, src, group))))
-        entries, total = header["arrays"], int(header["payload"])
-    except (ValueError, KeyError, TypeError) as e:
+    except ValueError as e:
         raise WireError(f"rank {src} sent an unreadable header ({e})") from None
+    entries, total = _checked_entries(header, src)
     payload = _recv((total,), mx.uint8, src, group) if total else None
     values = {}
-    for e in entries:
-        dt = _dtype(e["dtype"])
-        shape = tuple(int(s) for s in e["shape"])
-        if e["nbytes"] == 0:
-            values[e["name"]] = mx.zeros(shape, dt)
-            continue
-        raw = payload[e["offset"]: e["offset"] + e["nbytes"]]
-        values[e["name"]] = raw.view(dt).reshape(shape)
+    for name, dt, shape, offset, nbytes in entries:
+        values[name] = mx.zeros(shape, dt) if nbytes == 0 else payload[offset: offset + nbytes].view(dt).reshape(shape)
     return header["meta"], values
 
 
