@@ -18,7 +18,6 @@ import pytest
 import workbench
 from workbench import zoo
 from workbench.distributed import balanced_split, make_plan, trace_distributed
-from workbench.distributed.plan import op_tensor_names
 from workbench.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -227,7 +226,7 @@ def test_ranks_equal_one_process(ckpts, tmp_path, arch, ranks, extra):
     names = set(model.tensor_names)
     plan = make_plan(model.program, ranks, [p["layers"][1] - p["layers"][0] + 1 for p in parts])
     for p in parts:
-        own = {t for i in plan.ranks[p["rank"]] for t in op_tensor_names(model.program.ops[i], names)}
+        own = {t for i in plan.ranks[p["rank"]] for t in model.program.ops[i].tensor_names(names)}
         # the final norm's dtype is probed at load (lazily: no bytes read) on every rank
         assert set(p["tensors"]) - {"norm.weight"} <= own, p["rank"]
         assert own <= set(p["tensors"]) | {"norm.weight"}, p["rank"]

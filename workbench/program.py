@@ -28,9 +28,13 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Container, Iterable, Mapping, Sequence
 
 import mlx.core as mx
+
+
+#: what follows a param's module path in the names of the tensors it stands for
+TENSOR_SUFFIXES = ("weight", "scales", "biases", "bias", "global_scale")
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,17 @@ class Op:
     params: tuple[str, ...] = ()
     layer: int | None = None
     attrs: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    def tensor_names(self, names: Container[str]) -> list[str]:
+        """The checkpoint tensors of ``names`` this op reads: each param itself, or its
+        weight, scales, biases ... (no tensor is opened)."""
+        out = []
+        for p in self.params:
+            if p in names:
+                out.append(p)
+                continue
+            out.extend(f"{p}.{s}" for s in TENSOR_SUFFIXES if f"{p}.{s}" in names)
+        return out
 
     def describe(self) -> str:
         ins = ", ".join(self.inputs)

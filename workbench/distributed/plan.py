@@ -17,22 +17,7 @@ import hashlib
 from dataclasses import dataclass
 
 from workbench.errors import UsageError
-from workbench.program import Op, Program
-
-#: tensor name suffixes an op's module path may carry (as Model.op_tensors reads them)
-_SUFFIXES = ("weight", "scales", "biases", "bias", "global_scale")
-
-
-def op_tensor_names(op: Op, names) -> list[str]:
-    """The checkpoint tensors ``op`` reads, by name (no tensor is opened)."""
-    out = []
-    for p in op.params:
-        if p in names:
-            out.append(p)
-            continue
-        out.extend(f"{p}.{s}" for s in _SUFFIXES if f"{p}.{s}" in names)
-    return out
-
+from workbench.program import Program
 
 def layer_count(program: Program) -> int:
     layers = [op.layer for op in program.ops if op.layer is not None]
@@ -149,7 +134,7 @@ def make_plan(program: Program, size: int, split: list[int] | None = None, tenso
             names = set(tensor_bytes)
             first = next(i for i, op in enumerate(program.ops) if op.layer is not None)
             for i, op in enumerate(program.ops):
-                b = sum(tensor_bytes[t] for t in op_tensor_names(op, names))
+                b = sum(tensor_bytes[t] for t in op.tensor_names(names))
                 if op.layer is not None:
                     costs[op.layer] += b
                 elif i < first:

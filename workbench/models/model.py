@@ -234,16 +234,7 @@ class Model(TextCodec):
 
     def op_tensor_names(self, op) -> list[str]:
         """The checkpoint tensors an op reads: its params, or their weight, scales, biases ..."""
-        out = []
-        for p in op.params:
-            if p in self._raw:
-                out.append(p)
-                continue
-            for suffix in ("weight", "scales", "biases", "bias", "global_scale"):
-                n = f"{p}.{suffix}"
-                if n in self._raw:
-                    out.append(n)
-        return out
+        return op.tensor_names(self._raw)
 
     @property
     def tensor_names(self) -> list[str]:
