@@ -96,12 +96,15 @@ class Weights(Mapping):
         return len(self.raw)
 
 
-class _LazyTensors(Mapping):
-    """Tensors read from the checkpoint on first access (the reader memory-maps)."""
+class LazyTensors(Mapping):
+    """Tensors read from the checkpoint on first access (the reader memory-maps) and kept
+    until :meth:`release`.  ``keep=False``: the reader keeps no reference of its own
+    (:meth:`Checkpoint.load`), so a released tensor's memory is freed (streamed weights)."""
 
-    def __init__(self, ck, names: Iterable[str]):
+    def __init__(self, ck, names: Iterable[str], keep: bool = True):
         self.ck = ck
         self.names = list(names)
+        self.keep = keep
         self._set = set(self.names)
         self._memo: dict[str, mx.array] = {}
 
@@ -110,8 +113,16 @@ class _LazyTensors(Mapping):
         if v is None:
             if name not in self._set:
                 raise KeyError(name)
-            v = self._memo[name] = self.ck.load(name)
+            v = self._memo[name] = self.ck.load(name) if self.keep else self.ck.load(name, keep=False)
         return v
+
+    def release(self) -> None:
+        self._memo.clear()
+
+    @property
+    def loaded(self) -> list[str]:
+        """The tensors read since the last release."""
+        return list(self._memo)
 
     def __contains__(self, name):
         return name in self._set
@@ -167,7 +178,7 @@ class Model(TextCodec):
         self.num_layers = int(config.num_hidden_layers)
         self.vocab_size = int(config.vocab_size)
         self._windows = windows or {"attn_mask": None}
-        self._raw = _LazyTensors(checkpoint, tensor_names) if tensors is None else tensors
+        self._raw = LazyTensors(checkpoint, tensor_names) if tensors is None else tensors
         self._weights: dict[mx.Dtype, Weights] = {}
         self.dtype = self._storage_dtype()
         self.default_dtype = self.dtype

@@ -37,30 +37,17 @@ import mlx.core as mx
 import numpy as np
 
 from workbench.dtypes import dtype_name, parse_dtype
-from workbench.models.model import Model
+from workbench.models.model import LazyTensors, Model
 from workbench.program import Op, Program
 from workbench.sizes import fmt_bytes
 
 
-class StreamingTensors(Mapping):
-    """Checkpoint tensors read on use and kept only until :meth:`release`."""
+class StreamingTensors(LazyTensors):
+    """Checkpoint tensors read on use and kept only until :meth:`release` (the reader keeps
+    none), and tables read by rows (:meth:`rows`)."""
 
     def __init__(self, ck, names: Iterable[str]):
-        self.ck = ck
-        self.names = list(names)
-        self._set = set(self.names)
-        self._live: dict[str, mx.array] = {}
-
-    def __getitem__(self, name):
-        v = self._live.get(name)
-        if v is None:
-            if name not in self._set:
-                raise KeyError(name)
-            v = self._live[name] = self.ck.load(name, keep=False)
-        return v
-
-    def release(self) -> None:
-        self._live.clear()
+        super().__init__(ck, names, keep=False)
 
     def rows(self, name: str, ids: mx.array) -> mx.array:
         """``table[ids]`` reading only those rows from the file (an embedding lookup)."""
@@ -72,20 +59,6 @@ class StreamingTensors(Mapping):
         uniq, inv = np.unique(flat, return_inverse=True)
         table = self.ck.load_rows(name, uniq)
         return table[mx.array(inv.astype(np.int32))].reshape(tuple(ids.shape) + tuple(table.shape[1:]))
-
-    @property
-    def loaded(self) -> list[str]:
-        """The tensors read since the last release."""
-        return list(self._live)
-
-    def __contains__(self, name):
-        return name in self._set
-
-    def __iter__(self):
-        return iter(self.names)
-
-    def __len__(self):
-        return len(self.names)
 
 
 class _Rows:
@@ -207,7 +180,6 @@ class StreamedModel(Model):
     def __init__(self, family, config, text_config, checkpoint, program, tensor_names, *,
                  memory_budget: int, progress=None, **kw):
         self._stream = StreamingTensors(checkpoint, tensor_names)
-        self._converted: dict = {}
         self._checked: set = set()  # compute dtypes whose weights were checked against the budget
         self._by_rows: dict[int, tuple] = {}  # id(program) -> (program, its rows program)
         super().__init__(family, config, text_config, checkpoint, program, tensor_names,
@@ -270,15 +242,10 @@ class StreamedModel(Model):
         """The checkpoint tensors read since the last release (segment end)."""
         return self._stream.loaded
 
-    def weights(self, dtype=None):
-        w = super().weights(dtype)
-        self._converted[w.dtype] = w
-        return w
-
     def release_weights(self) -> None:
         """Drop every tensor read so far (the trace calls this at each segment's end, once
         the live values are evaluated) and give MLX's freed buffers back to the system."""
-        for w in self._converted.values():
+        for w in self._weights.values():  # (the converted copies, per compute dtype)
             w.release()
         self._stream.release()
         mx.clear_cache()
