@@ -309,3 +309,78 @@ def test_mlx_lms_plain_masks_mean_the_array_mask(T, S, window, chunk, monkeypatc
     ref = attn_math.probabilities(q, k, attn_math.attention_mask(S - T, T, 0, S, window), 0.3)
     want = (ref.reshape(1, 2, 2, T, S) @ mx.expand_dims(v, 2)).reshape(1, 4, T, 8)
     np.testing.assert_allclose(np.array(plain), np.array(want), rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- a range of queries
+@pytest.mark.parametrize("arch", ["gemma4_text", "gemma3_text", "qwen3"])
+def test_explicit_for_a_range_of_queries(ckpts, arch):
+    """``{"layers": ..., "queries": (a, b)}``: scores / softmax hold those rows only (sliding
+    windows, GQA and KV-shared layers included), equal to the explicit steps' rows; the
+    context and logits equal the fused program's; the steps appear only for those layers."""
+    model = workbench.load(ckpts(arch))
+    spec = {"layers": "explicit", "queries": (5, 19)}
+    f, lf = _contexts(model, model.program, IDS)
+    q, lq = _contexts(model, model.program_for(spec), IDS)
+    for a, b in zip(f, q):
+        np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.array(lf), np.array(lq), rtol=1e-5, atol=1e-5)
+    te = model.trace(IDS, capture="full", attention="explicit")
+    te.run()
+    tq = model.trace(IDS, capture="full", attention=spec)
+    tq.run()
+    for i in range(model.num_layers):
+        s = tq.value(f"layers.{i}.self_attn.softmax")
+        assert s.shape[2] == 14 and s.shape[3] == IDS.shape[1]
+        np.testing.assert_allclose(np.array(s), np.array(te.value(f"layers.{i}.self_attn.softmax")[:, :, 5:19]),
+                                   rtol=1e-5, atol=1e-6)
+    # a view gets the whole pattern: these rows from the step, the others recomputed
+    name, p = attention_probabilities(tq, 1)
+    assert name == "layers.1.self_attn.softmax"
+    np.testing.assert_allclose(np.array(p), np.array(te.value(name)), rtol=1e-5, atol=1e-6)
+    only = model.program_for({"layers": [1], "queries": slice(0, 4)})
+    assert _kinds(only, 1)["scores"] == "scores" and "scores" not in _kinds(only, 0)
+
+
+def test_an_intervention_on_the_range_reaches_the_context_rows(ckpts):
+    model = workbench.load(ckpts("llama"))
+    spec = {"layers": [1], "queries": (6, 10)}
+    base = model.trace(IDS, capture="full", attention=spec)
+    base.run()
+
+    def uniform(p, op):  # every query in the range attends equally to every key it may see
+        return mx.where(p > 0, 1.0, 0.0) / mx.sum(p > 0, axis=-1, keepdims=True)
+    t = model.trace(IDS, capture="full", attention=spec, interventions={"layers.1.self_attn.softmax": uniform})
+    t.run()
+    d = np.abs(np.array(t.value("layers.1.self_attn.context")) - np.array(base.value("layers.1.self_attn.context")))
+    changed = d.max(axis=-1)[0] > 1e-6  # per query position
+    assert changed[6:10].all() and not changed[:6].any() and not changed[10:].any()
+
+
+def test_the_range_follows_positions_through_the_cache_and_bounds_the_memory_check(ckpts):
+    model = workbench.load(ckpts("gemma3_text"))
+    spec = {"layers": "explicit", "queries": (20, 30)}
+    toks = workbench.trace.generate(model, IDS, max_tokens=2).tokens[0]  # fused
+    cache = model.make_cache()
+    t = model.trace(IDS, capture="full", attention=spec, cache=cache)
+    t.run()
+    assert t.value("layers.0.self_attn.softmax").shape[2] == 4  # positions 20..23 of a 24-token prompt
+    t2 = model.trace(mx.array([[toks[0]]]), capture="full", attention=spec, cache=cache)
+    t2.run()
+    assert t2.value("layers.0.self_attn.softmax").shape[2] == 1  # position 24: inside the range
+    assert int(mx.argmax(t2.logits[0, -1]).item()) == toks[1]  # the same next token as the fused run
+    prog = model.program_for({"layers": [0], "queries": (0, 64)})
+    check_attention_memory(prog, 1, 32768, 32768, mx.bfloat16, available=2**30)  # 64 rows: fits
+    with pytest.raises(TraceError):
+        check_attention_memory(model.program_for([0]), 1, 32768, 32768, mx.bfloat16, available=2**30)
+
+
+@pytest.mark.parametrize("bad,match", [({"queries": (0, 4)}, "'layers' \\(required\\)"),
+                                       ({"layers": "explicit", "queries": (5, 5)}, "0 <= start < stop"),
+                                       ({"layers": "explicit", "queries": (-1, 3)}, "0 <= start < stop"),
+                                       ({"layers": "explicit", "queries": slice(0, 8, 2)}, "no step"),
+                                       ({"layers": "explicit", "queries": "0:4"}, "\\(start, stop\\)"),
+                                       ({"layers": [0], "rows": (0, 4)}, "'layers' \\(required\\) and 'queries'")])
+def test_bad_query_ranges_are_named(ckpts, bad, match):
+    model = workbench.load(ckpts("llama"))
+    with pytest.raises(ValueError, match=match):
+        model.program_for(bad)

@@ -78,7 +78,8 @@ def load(path, dtype=None, granularity: str = "auto", library: str | None = None
     text_config = dict(ck.text_config)
     cfg = mod.Config.from_checkpoint(ck)  # config read (arch.KEYS) and every tensor shape checked
     names = list(ck.lm_names())
-    programs = Programs(lambda explicit: mod.build(cfg, Builder(ck, names, explicit)), cfg.num_hidden_layers)
+    programs = Programs(lambda explicit, queries: mod.build(cfg, Builder(ck, names, explicit, queries)),
+                        cfg.num_hidden_layers)
     program = programs.get(attention)
     tok = None
     tok_path = getattr(ck, "tokenizer_path", None)

@@ -7,7 +7,13 @@
   never materialised, so long prompts fit;
 * ``"explicit"``: every layer's attention is three steps, ``.scores`` -> ``.softmax`` ->
   ``.context`` (the same context values; see docs/ops.md, Attention);
-* layers: ``3``, ``"layers.3"`` or a list of them -- those layers explicit, the others fused.
+* layers: ``3``, ``"layers.3"`` or a list of them -- those layers explicit, the others fused;
+* ``{"layers": <"explicit" or layers>, "queries": (start, stop)}``: those layers explicit for
+  the query positions ``start .. stop - 1`` only (a slice works too): their ``scores`` and
+  ``softmax`` steps are [B, H, rows, S], and ``context`` is the fused kernel's for the other
+  rows, ``softmax @ values`` for those (so an intervention on the softmax reaches the output);
+  positions count from the sequence's start (a cached prefix included), so a long prompt's
+  window of interest stays explicit, and small, at any length.
 
 A program is cheap to build, so a model keeps one per choice (:class:`Programs`).
 """
@@ -20,8 +26,35 @@ from workbench.program import Program, layer_of
 CHOICES = ("fused", "explicit")
 
 
+def attention_spec(attention, num_layers: int) -> tuple[frozenset[int], tuple[int, int] | None]:
+    """(explicit layers, query positions ``(start, stop)`` or None for all) of ``attention``
+    (see the module docstring)."""
+    if not isinstance(attention, dict):
+        return explicit_layers(attention, num_layers), None
+    unknown = sorted(set(attention) - {"layers", "queries"})
+    if unknown or "layers" not in attention:
+        raise ValueError(f"attention: a dict takes 'layers' (required) and 'queries', not {sorted(attention)}")
+    layers = explicit_layers(attention["layers"], num_layers)
+    q = attention.get("queries")
+    if q is None:
+        return layers, None
+    if isinstance(q, slice):
+        if q.step not in (None, 1):
+            raise ValueError(f"attention: queries {q!r} must be a contiguous range (no step)")
+        q = (q.start if q.start is not None else 0, q.stop)
+    try:
+        start, stop = q
+    except (TypeError, ValueError):
+        raise ValueError(f"attention: queries must be (start, stop) or a slice, not {q!r}") from None
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (start, stop)) or not 0 <= start < stop:
+        raise ValueError(f"attention: queries must be positions 0 <= start < stop, not {q!r}")
+    return layers, (start, stop)
+
+
 def explicit_layers(attention, num_layers: int) -> frozenset[int]:
     """The layers whose attention is explicit under ``attention`` (see the module docstring)."""
+    if isinstance(attention, dict):
+        return attention_spec(attention, num_layers)[0]
     if attention is None or attention == "fused":
         return frozenset()
     if attention == "explicit":
@@ -46,18 +79,20 @@ def explicit_layers(attention, num_layers: int) -> frozenset[int]:
 
 
 class Programs:
-    """One model's op programs, one per set of explicit layers, built on first use and kept.
+    """One model's op programs, one per attention choice, built on first use and kept.
 
-    ``build(explicit)`` builds the program with attention explicit in those layers."""
+    ``build(explicit, queries)`` builds the program with attention explicit in those layers
+    (for the query positions ``queries``, or all of them when None)."""
 
-    def __init__(self, build: Callable[[frozenset], Program], num_layers: int):
+    def __init__(self, build: Callable[[frozenset, tuple | None], Program], num_layers: int):
         self._build = build
         self.num_layers = num_layers
-        self._built: dict[frozenset, Program] = {}
+        self._built: dict[tuple, Program] = {}
 
     def get(self, attention) -> Program:
-        key = explicit_layers(attention, self.num_layers)
+        explicit, queries = attention_spec(attention, self.num_layers)
+        key = (explicit, queries if explicit else None)
         program = self._built.get(key)
         if program is None:
-            program = self._built[key] = self._build(key)
+            program = self._built[key] = self._build(*key)
         return program

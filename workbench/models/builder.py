@@ -21,7 +21,7 @@ from typing import Callable, Container, Iterable, Sequence
 import mlx.core as mx
 import mlx.nn as nn
 
-from workbench.attention import fused_attention, attention_scores, heads_concat
+from workbench.attention import attention_mask, attention_scores, fused_attention, heads_concat, real_keys
 from workbench.program import Op, Program, layer_of
 
 
@@ -52,12 +52,15 @@ _GLU = {"silu": swiglu, "gelu_approx": geglu}
 class Builder:
     """Appends named ops; every helper returns the name of the op it emitted."""
 
-    def __init__(self, ck, tensor_names: Iterable[str], explicit: Container[int] = ()):
+    def __init__(self, ck, tensor_names: Iterable[str], explicit: Container[int] = (),
+                 queries: tuple[int, int] | None = None):
         """``explicit``: the layers whose attention is emitted as explicit scores / softmax /
-        context steps (:meth:`attention`); every other layer's is one fused op."""
+        context steps (:meth:`attention`); every other layer's is one fused op.  ``queries``:
+        ``(start, stop)`` query positions the explicit steps cover (None: every query)."""
         self.ck = ck
         self.names = set(tensor_names)
         self.explicit = explicit
+        self.queries = queries
         self.ops: list[Op] = []
 
     # -- generic
@@ -207,6 +210,8 @@ class Builder:
         same attrs (num_heads, num_kv_heads, head_dim, scale, mask, fused, window ...)."""
         layer = layer_of(module)
         common = dict(num_heads=n_heads, num_kv_heads=n_kv_heads, head_dim=head_dim, scale=scale, mask=mask)
+        if layer in self.explicit and self.queries is not None:
+            return self._attention_rows(module, q, k, v, mask, scale, n_heads, n_kv_heads, head_dim, common, attrs)
         if layer in self.explicit:
             s = self.scores(f"{module}.scores", q, k, mask, scale, n_heads, n_kv_heads, **attrs)
             p = self.softmax(f"{module}.softmax", s)
@@ -219,6 +224,43 @@ class Builder:
             return heads_concat(fused_attention(q, k, v, valid, scale, window))
         return self.op(f"{module}.context", "attention", fn, [q, k, v, "key_valid"], **common, fused=True,
                        **attrs)
+
+    def _attention_rows(self, module, q, k, v, mask, scale, n_heads, n_kv_heads, head_dim, common, attrs) -> str:
+        """Explicit steps for the query positions ``self.queries`` only: ``scores`` /
+        ``softmax`` [B, H, rows, S] (rows: the positions of this forward's queries in that
+        range, none when they are all outside it) and ``context``: the fused kernel's output
+        with those rows replaced by ``softmax @ values``."""
+        start, stop = self.queries
+        window = attrs.get("window")
+        rep = n_heads // n_kv_heads
+
+        def rows(q, k):
+            T, S = q.shape[2], k.shape[2]
+            first = S - T  # query t is at position first + t
+            return min(max(start - first, 0), T), min(max(stop - first, 0), T)
+
+        def scores(ctx, q, k, valid):  # the mask's rows made here: no [T, S] mask for a long prompt
+            r0, r1 = rows(q, k)
+            S = k.shape[2]
+            m = attention_mask(S - q.shape[2] + r0, r1 - r0, 0, S, window, real_keys(valid))
+            return attention_scores(q[:, :, r0:r1], k, m, scale)
+        s = self.op(f"{module}.scores", "scores", scores, [q, k, "key_valid"], scale=scale, num_heads=n_heads,
+                    num_kv_heads=n_kv_heads, mask=mask, queries=self.queries, **attrs)
+        p = self.softmax(f"{module}.softmax", s, queries=self.queries)
+
+        def context(ctx, q, k, v, valid, p):
+            o = fused_attention(q, k, v, valid, scale, window)
+            r0, r1 = rows(q, k)
+            if r1 > r0:
+                B, H, R, S = p.shape
+                if rep > 1:
+                    e = (p.reshape(B, n_kv_heads, rep, R, S) @ mx.expand_dims(v, 2)).reshape(B, H, R, -1)
+                else:
+                    e = p @ v
+                o = mx.concatenate([o[:, :, :r0], e.astype(o.dtype), o[:, :, r1:]], axis=2)
+            return heads_concat(o)
+        return self.op(f"{module}.context", "attention", context, [q, k, v, "key_valid", p], **common, fused=True,
+                       queries=self.queries, **attrs)
 
     def scores(self, name: str, q: str, k: str, mask: str, scale: float,
                n_heads: int, n_kv_heads: int, **attrs) -> str:

@@ -130,9 +130,13 @@ def check_attention_memory(program, batch: int, tokens: int, keys: int, dtype, a
     one layer's scores and softmax ([B, H, T, S] each, alive together) must take at most
     half of the memory available.  Fused attention (the default) materialises no scores:
     a program without explicit layers is never refused."""
-    heads = max((int(op.attrs.get("num_heads") or 0) for op in program.ops if op.kind == "scores"), default=0)
+    explicit = [op for op in program.ops if op.kind == "scores"]
+    heads = max((int(op.attrs.get("num_heads") or 0) for op in explicit), default=0)
     if not heads:
         return
+    q = explicit[0].attrs.get("queries")
+    if q is not None:  # explicit for a range of query positions only: that many rows at most
+        tokens = min(tokens, q[1] - q[0])
     itemsize = dtype.size if dtype is not None else 4
     need = 2 * batch * heads * tokens * keys * itemsize
     avail = available_memory() if available is None else available

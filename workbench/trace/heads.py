@@ -74,7 +74,8 @@ def probabilities(trace, layer: int, scores: bool = False) -> tuple[str, mx.arra
     read (captured, or recomputed); a fused layer's are recomputed from the inputs of
     ``layers.{layer}.self_attn.context`` -- the name returned is then that op's."""
     step = f"layers.{layer}.self_attn.{'scores' if scores else 'softmax'}"
-    if step in trace.program:
+    partial = step in trace.program and trace.program[step].attrs.get("queries") is not None
+    if step in trace.program and not partial:
         return step, _value(trace, step)
     name = context_op(layer)
     if name not in trace.program:
@@ -82,8 +83,16 @@ def probabilities(trace, layer: int, scores: bool = False) -> tuple[str, mx.arra
     op = _attention_op(trace, name)
     if trace.program.index(name) >= trace.position:
         raise TraceError(f"{name} has not run yet (run the trace past it)")
-    q, k, _, valid = (v for _, v in trace.inputs(name))
+    q, k, _, valid = (v for _, v in trace.inputs(name)[:4])
     T, S = q.shape[2], k.shape[2]
     mask = attention_mask(S - T, T, 0, S, op.attrs.get("window"), real_keys(valid))
     scale = float(op.attrs["scale"])
-    return name, attention_scores(q, k, mask, scale) if scores else _probabilities(q, k, mask, scale)
+    full = attention_scores(q, k, mask, scale) if scores else _probabilities(q, k, mask, scale)
+    if not partial:
+        return name, full
+    # explicit for a range of queries only: its rows are the step's values (interventions
+    # included), the other rows recomputed, so a view gets the whole [B, H, T, S] pattern
+    rows = _value(trace, step)
+    start = min(max(op.attrs["queries"][0] - (S - T), 0), T)
+    return step, mx.concatenate([full[:, :, :start], rows.astype(full.dtype),
+                                 full[:, :, start + rows.shape[2]:]], axis=2)
