@@ -63,6 +63,7 @@ def run(args) -> int:
     from workbench.distributed.run import trace_distributed
     from workbench.distributed.wire import WireError
     from workbench.errors import UsageError, parse_ids
+    from workbench.trace.cli import print_headroom
 
     group = mx.distributed.init()
     rank, size = group.rank(), group.size()
@@ -100,9 +101,5 @@ def run(args) -> int:
               f"sent {r['sent_bytes']} bytes onward{rss}")
     print(f"{len(t.steps)} ops traced in program order; logits {list(t.logits.shape)}, "
           f"last position's top token {top}")
-    rows = t.headroom(args.top)
-    if rows:
-        print("closest to overflow (absmax / largest finite value):")
-        for name, h in rows:
-            print(f"  {h:10.3g}  {name}")
+    print_headroom(t.headroom(args.top))
     return 0

@@ -24,7 +24,7 @@ from workbench.dtypes import dtype_name
 from workbench.errors import UsageError
 from workbench.trace.entry import check_attention_memory, prepare_ids
 from workbench.trace.interventions import normalize as normalize_interventions
-from workbench.trace.step import Step, TraceError
+from workbench.trace.step import Step, TraceError, headroom_rows
 from workbench.trace.tracer import Trace
 
 
@@ -82,15 +82,7 @@ class DistributedTrace:
         return dict(st)
 
     def headroom(self, top: int | None = None) -> list[tuple[str, float]]:
-        rows = [(s.name, s.stats["headroom"]) for s in self._steps
-                if s.stats and s.stats.get("headroom") is not None]
-        rows.sort(key=lambda r: -r[1])
-        return rows[:top] if top else rows
-
-
-def _step_from(d: dict) -> Step:
-    return Step(d["name"], d["kind"], d["layer"], int(d["index"]), tuple(tuple(s) for s in d["input_shapes"]),
-                tuple(d["output_shape"]), d["dtype"], d["stats"], tuple(d["intervened"]))
+        return headroom_rows(self._steps, top)
 
 
 def _capture_for(capture, program, sub):
@@ -278,5 +270,5 @@ def _in_program_order(parts: list[dict]) -> list[Step]:
                 raise WireError(f"rank {p['rank']} sent op {rec['name']!r} (index {rec['index']}) out of "
                                 "program order")
             last = rec["index"]
-            steps.append(_step_from(rec))
+            steps.append(Step.from_dict(rec))
     return steps

@@ -41,6 +41,14 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def print_headroom(rows) -> None:
+    """The ops closest to overflow, one a line (nothing when there are none)."""
+    if rows:
+        print("closest to overflow (absmax / largest finite value):")
+        for name, h in rows:
+            print(f"  {h:10.3g}  {name}")
+
+
 def run(args) -> int:
     import workbench
     from workbench.errors import UsageError, parse_ids
@@ -88,11 +96,7 @@ def run(args) -> int:
     f = result.finding
     if f is None:
         print(f"clean: no NaN or Inf in any of {report['ops_checked']} ops ({dt}, {len(ids)} tokens)")
-        rows = t.headroom(args.top)
-        if rows:
-            print("closest to overflow (absmax / largest finite value):")
-            for name, h in rows:
-                print(f"  {h:10.3g}  {name}")
+        print_headroom(t.headroom(args.top))
         return 0
     where = f"layer {f.layer}, " if f.layer is not None else ""
     print(f"first non-finite op: {f.op} ({where}{f.kind}, op {f.index} of {len(t.ops)})")

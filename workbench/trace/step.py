@@ -36,6 +36,12 @@ class Step:
                 "dtype": self.dtype, "stats": _stats.jsonable(self.stats) if self.stats else None,
                 "intervened": list(self.intervened)}
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "Step":
+        """The Step of a :meth:`to_dict` record (as another process sent it)."""
+        return cls(d["name"], d["kind"], d["layer"], int(d["index"]), tuple(tuple(s) for s in d["input_shapes"]),
+                   tuple(d["output_shape"]), d["dtype"], d["stats"], tuple(d["intervened"]))
+
     def __repr__(self) -> str:
         s = self.stats
         extra = ""
@@ -46,6 +52,14 @@ class Step:
                      f"{'' if hr is None else f' headroom={_fmt(hr)}'}{bad}")
         iv = f" [{'; '.join(self.intervened)}]" if self.intervened else ""
         return f"<Step {self.index} {self.name} ({self.kind}) {list(self.output_shape)} {self.dtype}{extra}{iv}>"
+
+
+def headroom_rows(steps, top: int | None = None) -> list[tuple[str, float]]:
+    """(op, absmax / dtype max) of the steps with a headroom statistic, closest to overflow
+    first (the ``top`` first when given)."""
+    rows = [(s.name, s.stats["headroom"]) for s in steps if s.stats and s.stats.get("headroom") is not None]
+    rows.sort(key=lambda r: -r[1])
+    return rows[:top] if top else rows
 
 
 def _fmt(v) -> str:

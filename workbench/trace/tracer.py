@@ -36,7 +36,7 @@ from workbench.program import Program, name_matches
 from workbench.trace import stats as _stats
 from workbench.trace.interventions import Intervention, normalize as _norm_iv
 from workbench.trace.snapshots import clone, restore, snapshot
-from workbench.trace.step import NONFINITE, Step, TraceError, dtype_str  # noqa: F401  (re-exported)
+from workbench.trace.step import NONFINITE, Step, TraceError, dtype_str, headroom_rows  # noqa: F401  (re-exported)
 from workbench.trace.store import ValueStore
 
 _UNDO_DEPTH = 32
@@ -517,10 +517,7 @@ class Trace:
     def headroom(self, top: int | None = None) -> list[tuple[str, float]]:
         """(op, absmax / dtype max) of executed float ops, closest to overflow first."""
         self._flush(wait=True)
-        rows = [(s.name, s.stats["headroom"]) for s in self._steps
-                if s.stats and s.stats.get("headroom") is not None]
-        rows.sort(key=lambda r: -r[1])
-        return rows[:top] if top else rows
+        return headroom_rows(self._steps, top)
 
     # ------------------------------------------------------------------ NaN hunt
     def first_nonfinite(self):
