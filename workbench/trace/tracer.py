@@ -99,10 +99,11 @@ class Trace:
         if memory_budget is None and store is None:
             memory_budget = getattr(model, "capture_budget", None)
         self._store = store if store is not None else ValueStore(memory_budget, spill_dir)
-        #: op indices that end a segment, the last op's too (streamed models only)
+        #: op index that ends a segment (the last op's too) -> segments done once it ran (streamed models only)
         n = len(self._ops)
-        self._ends = frozenset(i for i in range(n) if i == n - 1 or self._ops[i].layer != self._ops[i + 1].layer) \
-            if self._release else frozenset()
+        ends = [i for i in range(n) if i == n - 1 or self._ops[i].layer != self._ops[i + 1].layer] \
+            if self._release else []
+        self._ends = {i: k for k, i in enumerate(ends, 1)}
         if progress is None and self._release is not None:
             progress = getattr(model, "progress", None)
         elif progress is None:
@@ -252,14 +253,13 @@ class Trace:
     def _segment_end(self, i: int) -> None:
         """Streaming: evaluate what is live (pending statistics and captures with it), then
         let the model drop the weights read so far."""
-        self._flush(also=self._live_values(self._env))
+        self._flush(also=self._live_values(self._env, getattr(self.ctx, "cache", None)))
         self._release()
         if self._bar is not None:  # (the segment now running, named by its first op)
-            self._bar.update(sum(1 for j in self._ends if j <= i),
-                             self._ops[i + 1].name if i + 1 < len(self._ops) else "done")
+            self._bar.update(self._ends[i], self._ops[i + 1].name if i + 1 < len(self._ops) else "done")
 
-    def _live_values(self, env) -> list:
-        cache = getattr(self.ctx, "cache", None)
+    def _live_values(self, env, cache) -> list:
+        """The computed values of ``env`` and the KV cache's arrays (evaluated at a segment end)."""
         return [v for k, v in env.items() if k not in self._feeds] + list(getattr(cache, "state", ()))
 
     def _flush(self, wait: bool = False, also=()) -> None:
@@ -597,7 +597,7 @@ class Trace:
                 if self._last_use.get(s) == j and s not in self._feeds and s not in op.inputs:
                     env.pop(s, None)
             if j in self._ends:  # streaming: evaluated segment by segment, as the trace ran
-                mx.eval([v for k, v in env.items() if k not in self._feeds] + list(getattr(cache, "state", ())))
+                mx.eval(self._live_values(env, cache))
                 self._release()
         return [env[s] for s in op.inputs], cache
 
