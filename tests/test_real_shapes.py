@@ -11,6 +11,7 @@ import workbench
 from workbench.checkpoint.arch import build_arch
 from workbench.checkpoint.reader import open_checkpoint
 from workbench.cli import main
+from workbench import zoo
 from workbench.zoo import real_shapes as rs
 
 
@@ -55,6 +56,8 @@ def test_cut_keeps_every_feature_and_refuses_nonsense():
         rs.config("e3b")
     with pytest.raises(ValueError, match="unknown quantization"):
         rs.build_header_only("e2b", "/nonexistent", quant="int3")
+    with pytest.raises(ValueError, match="unknown quantization 'int3'"):  # never silently unquantized
+        zoo.build_sparse("/nonexistent", quant="int3")
 
 
 @pytest.mark.parametrize("quant", [None, "affine4", "mxfp4"])

@@ -216,15 +216,16 @@ def _write_shards(dest: Path, entries: dict, names: list, shards: int, broken, s
 
 
 # ------------------------------------------------------------- sparse (header-only) checkpoints
-def build_sparse(dest, *, config: dict | None = None, shard_bytes: int = 5 * 2**30, quant: str | None = None,
-                 quant_spec: tuple | None = None) -> Path:
+def build_sparse(dest, *, config: dict | None = None, shard_bytes: int = 5 * 2**30, quant: str | None = None) -> Path:
     """A sharded checkpoint (MLX layout) whose headers are real and whose data are holes
     (sparse files): by default Gemma-4-31B-shaped BF16 with tiny towers (~60 GB apparent, a
     few MB on disk).  ``config``: a Gemma 4 text config (as GEMMA4_31B; its layer_types are
     made 5 sliding + 1 full), or a whole config.json with ``text_config`` (the real shapes of
     real_shapes.py: written as given, language model only, as mlx-lm's conversion keeps it).
-    ``quant``: a name of QUANT_SPECS, or ``quant_spec``: (mode, bits, group_size); Gemma 4's
+    ``quant``: a name of QUANT_SPECS (anything else is a ValueError naming it); Gemma 4's
     router.proj stays 8-bit affine (mlx-lm's quant_predicate)."""
+    if quant is not None and quant not in QUANT_SPECS:
+        raise ValueError(f"unknown quantization {quant!r}; choose from {', '.join(QUANT_SPECS)}")
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     whole = config is not None and "text_config" in config
@@ -240,7 +241,7 @@ def build_sparse(dest, *, config: dict | None = None, shard_bytes: int = 5 * 2**
     from workbench.checkpoint.sfile import nbytes_of
 
     ents = {}
-    qs = quant_spec or (QUANT_SPECS.get(quant) if quant else None)
+    qs = QUANT_SPECS[quant] if quant else None
     qblock = {"group_size": qs[2], "bits": qs[1], "mode": qs[0]} if qs else None
     for e in a.expected.values():
         if e.optional:

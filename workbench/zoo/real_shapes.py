@@ -35,10 +35,11 @@ import json
 from pathlib import Path
 
 from workbench import fsio
+from workbench.zoo.configs import QUANT_SPECS
 
 NAMES = ("e2b", "e4b", "26b-a4b", "31b", "gemma3-12b")
 #: quantization name -> (mode, bits, group_size): mlx-community's 4-bit (affine, groups of 64) and mxfp4
-QUANTS = {"affine4": ("affine", 4, 64), "mxfp4": ("mxfp4", 4, 32)}
+QUANTS = {k: QUANT_SPECS[k] for k in ("affine4", "mxfp4")}
 
 #: where each shape's values were confirmed (public copies of the published config.json and
 #: reference implementations; see the comments in _text_config for the values no copy confirmed)
@@ -232,8 +233,7 @@ def build_header_only(name: str, dest, *, quant: str | None = None, layers: int 
 
     if quant is not None and quant not in QUANTS:
         raise ValueError(f"unknown quantization {quant!r}; choose from {', '.join(QUANTS)}")
-    return build_sparse(dest, config=config(name, layers=layers), shard_bytes=shard_bytes,
-                        quant_spec=QUANTS.get(quant))
+    return build_sparse(dest, config=config(name, layers=layers), shard_bytes=shard_bytes, quant=quant)
 
 
 def nbytes(name: str, *, quant: str | None = None, layers: int | None = None,
