@@ -163,3 +163,40 @@ def test_arrays_of_another_thread_fail_with_a_reason():
     t.join()
     assert len(err) == 1 and "in current thread" in err[0] and "MLX streams belong to threads" in err[0]
     assert S.evaluate([lazy])[0]["max"] == 8190.0  # on its own thread it evaluates
+
+
+def test_small_outputs_reduced_together_equal_one_by_one():
+    """host_stats_many (a decoding step's hundreds of one-token outputs in a few numpy calls)
+    gives each output the dicts host_stats gives it: NaN / Inf / mask fill / zeros, three
+    dtypes, an empty output and one above the size that is reduced together."""
+    rng = np.random.default_rng(3)
+    vals = []
+    for dt in (mx.float32, mx.bfloat16, mx.float16):
+        for n in (1, 5, 300, 2048):
+            vals.append(mx.array((rng.standard_normal(n) * 3).astype(np.float32)).astype(dt))
+        b = rng.standard_normal(700).astype(np.float32)
+        b[[1, 9]] = np.nan
+        b[4] = np.inf
+        b[100:140] = 0
+        vals.append(mx.array(b).astype(dt))
+        vals.append(mx.full((64,), -S.dtype_max(dt), dt))  # all mask fill
+        vals.append(mx.zeros((0,), dt))
+    vals.append(mx.array(rng.standard_normal(S._SMALL + 7).astype(np.float32)))  # reduced on its own
+    mx.eval(vals)
+    views = [mx.view(v, mx.uint16) if v.dtype == mx.bfloat16 else v for v in vals]
+    mx.eval(views)
+    jobs = [(np.asarray(w).reshape(-1), v.dtype == mx.bfloat16, S.dtype_max(v.dtype), v.size)
+            for v, w in zip(vals, views)]
+    many = S.host_stats_many(jobs)
+    one = [S.host_stats(*j) for j in jobs]
+    assert many[4]["nan"] == 2 and many[4]["posinf"] == 1 and many[5]["masked"] == 64
+    for v, a, b in zip(vals, one, many):
+        assert set(a) == set(b)
+        for k in ("nan", "posinf", "neginf", "masked", "zero_frac", "headroom"):
+            assert b[k] == (pytest.approx(a[k], rel=1e-6) if isinstance(a[k], float) else a[k]), (k, a[k], b[k])
+        if not v.size or b["masked"] == v.size or b["nan"]:
+            continue
+        want = _ref(np.array(v.astype(mx.float32)), v.dtype)  # float64 (one by one sums in float32)
+        scale = max(abs(want["min"]), abs(want["max"]))
+        for k in ("min", "max", "mean", "std"):
+            assert b[k] == pytest.approx(want[k], rel=1e-6, abs=1e-6 * scale), (k, b[k], want[k])
