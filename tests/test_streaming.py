@@ -133,6 +133,9 @@ def test_rows_read_alone_equal_the_table(tmp_path, kw):
         assert np.array_equal(np.array(got.view(mx.uint8)), np.array(want.view(mx.uint8)))
     with pytest.raises(ValueError, match="embed_tokens.weight: token id 256 is out of range for its 256 rows"):
         st.rows("embed_tokens.weight", mx.array([[1, 256]]))
+    from workbench.checkpoint.reader import CheckpointError
+    with pytest.raises(CheckpointError, match="rows 1..256 outside its 256"):  # the reader checks too
+        ck.load_rows("embed_tokens.weight", [1, 256])
 
 
 def test_generation_streams(llama):

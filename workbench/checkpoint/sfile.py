@@ -201,11 +201,14 @@ class SafetensorsFile:
         npdt = _NP.get(t.dtype)
         if name in self.truncated or npdt is None or len(t.shape) < 2:
             raise ValueError(f"{os.path.basename(self.path)}: tensor {name!r} cannot be read by rows")
+        if len(rows) and (rows[0] < 0 or rows[-1] >= t.shape[0]):  # (sorted: the ends bound them all)
+            raise ValueError(f"{os.path.basename(self.path)}: tensor {name!r}: rows {int(rows[0])}..{int(rows[-1])} "
+                             f"outside its {t.shape[0]}")
         row = (t.end - t.begin) // t.shape[0]
         out = bytearray(len(rows) * row)
         base = self.abs_offset(t)
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
+        with open_regular(self.path) as fh:  # (a regular file still: nothing swapped in can hang the read)
+            fd = fh.fileno()
             i = 0
             while i < len(rows):
                 j = i + 1
@@ -217,8 +220,6 @@ class SafetensorsFile:
                     raise ValueError(f"{os.path.basename(self.path)}: tensor {name!r}: short read")
                 out[i * row:j * row] = got
                 i = j
-        finally:
-            os.close(fd)
         return np.frombuffer(out, dtype=npdt).reshape((len(rows),) + tuple(t.shape[1:]))
 
     def read_numpy(self, name: str) -> np.ndarray:
