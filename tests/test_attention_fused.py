@@ -131,7 +131,11 @@ def test_long_prompts_run_in_chunks_with_the_same_values(ckpts, arch, monkeypatc
     ids = mx.array([[(7 * i) % 250 + 3 for i in range(48)]])
     ref_ctx, ref_logits = _contexts(model, model.program_for("explicit"), ids)
     monkeypatch.setitem(attn_math.CHUNK_BYTES, "cpu", 3 * 2 * 48 * 4)  # ~3 rows of 2 heads
+    calls, kernel = [], mx.fast.scaled_dot_product_attention
+    monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", lambda q, *a, **k: calls.append(q.shape[2]) or
+                        kernel(q, *a, **k))
     got_ctx, got_logits = _contexts(model, model.program, ids)
+    assert max(calls) < 48 and sum(calls) == 48 * model.num_layers  # chunks that cover every query, once
     # the same terms, summed over fewer (masked) keys: float32 rounding, amplified layer by layer
     np.testing.assert_allclose(np.array(got_ctx[0]), np.array(ref_ctx[0]), rtol=1e-5, atol=1e-5)
     for a, b in zip(got_ctx, ref_ctx):
@@ -370,7 +374,7 @@ def test_the_range_follows_positions_through_the_cache_and_bounds_the_memory_che
     assert int(mx.argmax(t2.logits[0, -1]).item()) == toks[1]  # the same next token as the fused run
     prog = model.program_for({"layers": [0], "queries": (0, 64)})
     check_attention_memory(prog, 1, 32768, 32768, mx.bfloat16, available=2**30)  # 64 rows: fits
-    with pytest.raises(TraceError):
+    with pytest.raises(TraceError, match="32768-token prompt needs .* attention scores"):  # every row: refused
         check_attention_memory(model.program_for([0]), 1, 32768, 32768, mx.bfloat16, available=2**30)
 
 
