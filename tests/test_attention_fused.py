@@ -285,6 +285,11 @@ def test_hunt_cli_attention_option(ckpts, capsys):
     rc = main(["hunt", path, "--ids", "2,17,99,4", "--attention", "softmax"])
     err = capsys.readouterr().err
     assert rc == 2 and "'softmax'" in err and len(err.strip().splitlines()) == 1
+    rc = main(["hunt", path, "--ids", "2,17,99,4", "--attention", "layers.0", "--json"])
+    assert rc == 0 and json.loads(capsys.readouterr().out)["ops_checked"] == one  # the same option as distributed's
+    rc = main(["hunt", path, "--ids", "2,17,99,4", "--attention", " , "])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--attention is empty" in err and len(err.strip().splitlines()) == 1
 
 
 def test_module_level_models_refuse_explicit_attention(tmp_path):

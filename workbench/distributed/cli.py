@@ -46,14 +46,6 @@ def _capture(values):
     return list(values)
 
 
-def _attention(value):
-    if value is None or value in ("fused", "explicit"):
-        return value
-    from workbench.distributed.plan import parse_split
-
-    return parse_split(value, "--attention")
-
-
 def run(args) -> int:
     import mlx.core as mx
     import numpy as np
@@ -63,6 +55,7 @@ def run(args) -> int:
     from workbench.distributed.run import trace_distributed
     from workbench.distributed.wire import WireError
     from workbench.errors import UsageError, parse_ids
+    from workbench.models.attention import parse_option
     from workbench.trace.cli import print_headroom
 
     group = mx.distributed.init()
@@ -75,7 +68,8 @@ def run(args) -> int:
         if args.prompt is not None and not args.prompt:
             raise UsageError("--prompt is empty")
         t = trace_distributed(args.path, what, capture=_capture(args.capture), dtype=args.dtype,
-                              split=split, group=group, attention=_attention(args.attention))
+                              split=split, group=group,
+                              attention=parse_option(args.attention) if args.attention is not None else None)
     except (UsageError, WireError, ValueError, KeyError) as e:
         msg = str(e).strip().strip("'\"").splitlines()[0] if str(e).strip() else type(e).__name__
         raise UsageError(f"rank {rank}: {msg}" if size > 1 and not msg.startswith("rank ") else msg) from None

@@ -27,8 +27,7 @@ def layer_count(program: Program) -> int:
 
 
 def parse_split(text: str, option: str = "--layers") -> list[int]:
-    """``--layers 3,3`` -> [3, 3] (also ``--attention 3,5``: layer numbers); anything else
-    is a UsageError naming the bad part."""
+    """``--layers 3,3`` -> [3, 3]; anything else is a UsageError naming the bad part."""
     parts = [p.strip() for p in text.split(",") if p.strip()]
     out = []
     for p in parts:

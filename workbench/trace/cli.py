@@ -53,6 +53,7 @@ def run(args) -> int:
     import workbench
     from workbench.errors import UsageError, parse_ids
     from workbench.dtypes import dtype_name
+    from workbench.models.attention import parse_option
     from workbench.trace.hunt import hunt
     from workbench.trace.step import TraceError
 
@@ -80,8 +81,10 @@ def run(args) -> int:
     if args.attention != "fused":
         if getattr(model, "granularity", "op") == "module":
             raise UsageError("--attention: a module-level model runs its own attention modules (no scores step)")
-        kw["attention"] = args.attention if args.attention == "explicit" else [
-            int(x) if x.strip().isdigit() else x.strip() for x in args.attention.split(",")]
+        try:
+            kw["attention"] = parse_option(args.attention)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     try:
         result = hunt(model, ids, dtype=args.dtype, **kw)
     except (ValueError, KeyError, TraceError) as e:
