@@ -193,3 +193,40 @@ def test_the_collector_is_paused_only_while_decoding(g4, monkeypatch):
     with pytest.raises(RuntimeError, match="forward failed"):
         workbench.generate(g4, [3, 5, 7], max_tokens=3)
     assert gc.isenabled()  # restored when decoding fails
+
+
+def test_a_long_generation_holds_its_cache_once_not_once_per_token(tmp_path):
+    """Each forward's trace keeps what going back needs; with a KV cache that is the cache's
+    lengths (not a copy of it as it was) and no undo log (going back replays): the memory a
+    generation holds grows with its tokens, not with their square."""
+    p = zoo.build("llama", tmp_path / "l", dtype="float32", hidden_size=256, num_attention_heads=4,
+                  num_key_value_heads=4, head_dim=64, num_hidden_layers=8, intermediate_size=512)
+    model = workbench.load(p)
+    workbench.generate(model, [1, 2, 3, 4], max_tokens=2)  # weights read and converted
+    mx.clear_cache()
+    before = mx.get_active_memory()
+    n = 300
+    g = workbench.generate(model, [1, 2, 3, 4], max_tokens=n)
+    held = mx.get_active_memory() - before
+    kv = 8 * 2 * 4 * 64 * (n + 4) * 4  # the final keys and values, float32
+    assert held < 8 * kv, f"{n} tokens hold {held / 2**20:.1f} MiB; the final KV cache is {kv / 2**20:.1f} MiB"
+    # going back over a decoding step still works: it replays from the cache's lengths then
+    t = g.traces[5]
+    last = t.steps[-1]
+    t.back()
+    assert t.position == last.index
+    t.run()
+    np.testing.assert_array_equal(np.array(t.logits), np.array(g.traces[5].logits))
+
+
+def test_a_trimmed_cache_cannot_be_gone_back_over(g4):
+    from workbench.trace.step import TraceError  # noqa: F401  (the trace names the problem)
+
+    cache = g4.make_cache()
+    t = g4.trace([3, 5, 7, 9], cache=cache)
+    t.run()
+    t2 = g4.trace([11], cache=cache)
+    t2.run()
+    cache.trim(2)
+    with pytest.raises(ValueError, match="trimmed after this forward ran"):
+        t2.back()

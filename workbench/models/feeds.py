@@ -37,6 +37,35 @@ class KVCache:
         self.values: list[mx.array | None] = [None] * num_layers
         self.valid: mx.array | None = None  # [B, S] bool: key position holds a real token
         self.start = 0
+        self.epoch = 0  # trim() changes it: positions below a snapshot's may be rewritten after
+
+    # -- snapshots (workbench.trace.snapshots): lengths, not arrays.  Updates write only at or
+    # past ``start`` (the cached length when a forward begins), so the cache as it was when a
+    # forward began is the current arrays cut to the lengths of then: a decoding loop's traces
+    # each keep a few integers, not a copy of the cache as it was (quadratic memory).
+    def snapshot(self) -> tuple:
+        return (self.epoch, self.start, [None if a is None else a.shape[2] for a in self.keys],
+                [None if a is None else a.shape[2] for a in self.values],
+                None if self.valid is None else self.valid.shape[1])
+
+    def _cut(self, snap) -> tuple:
+        epoch, start, kl, vl, nv = snap
+        if epoch != self.epoch:
+            raise ValueError("the KV cache was trimmed after this forward ran: its state then is gone "
+                             "(going back over its cache ops needs a new trace)")
+        cut = lambda arrs, lens: [None if n is None else a[:, :, :n] for a, n in zip(arrs, lens)]  # noqa: E731
+        return start, cut(self.keys, kl), cut(self.values, vl), None if nv is None else self.valid[:, :nv]
+
+    def restore(self, snap) -> None:
+        """Back to the state :meth:`snapshot` recorded."""
+        self.start, self.keys, self.values, self.valid = self._cut(snap)
+
+    def clone_at(self, snap) -> "KVCache":
+        """A new cache in the state :meth:`snapshot` recorded (this one untouched)."""
+        c = KVCache(len(self.keys))
+        c.start, c.keys, c.values, c.valid = self._cut(snap)
+        c.epoch = self.epoch
+        return c
 
     @property
     def offset(self) -> int:
@@ -56,6 +85,7 @@ class KVCache:
     def trim(self, n: int) -> None:
         """Forget the last ``n`` cached positions."""
         keep = max(self.offset - n, 0)
+        self.epoch += 1
         for store in (self.keys, self.values):
             for i, a in enumerate(store):
                 if a is not None:

@@ -120,6 +120,10 @@ class Trace:
         for iv in _norm_iv(interventions):
             self.add_intervention(iv)
         self._cache0 = snapshot(getattr(ctx, "cache", None))
+        #: the values an op freed, kept for stepping back without replaying; with a KV cache,
+        #: going back replays from the snapshot anyway, so nothing is kept (a decoding loop's
+        #: traces would each hold their last ops' inputs, the full keys and values among them)
+        self._undoable = getattr(ctx, "cache", None) is None
         self._reset_state()
 
     # ------------------------------------------------------------------ setup
@@ -227,15 +231,19 @@ class Trace:
                     out = iv.apply(out, op)
             labels = tuple(iv.label for iv in ivs)
         env[op.name] = out
-        freed = {}
-        for s in self._frees[i]:
-            v = env.pop(s, None)
-            if v is not None:
-                freed[s] = v
-        undo = self._undo
-        undo[i] = freed
-        if len(undo) > _UNDO_DEPTH:
-            undo.popitem(last=False)
+        if self._undoable:
+            freed = {}
+            for s in self._frees[i]:
+                v = env.pop(s, None)
+                if v is not None:
+                    freed[s] = v
+            undo = self._undo
+            undo[i] = freed
+            if len(undo) > _UNDO_DEPTH:
+                undo.popitem(last=False)
+        else:
+            for s in self._frees[i]:
+                env.pop(s, None)
         self.position = i + 1
         step = None
         if record:
