@@ -33,7 +33,7 @@ from workbench import zoo
 from workbench.program import execute
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import CLOCKS, interleaved  # noqa: E402
+from timing import CLOCKS, at_least, interleaved  # noqa: E402
 
 SHAPE = dict(hidden_size=512, num_hidden_layers=8, intermediate_size=2048, num_attention_heads=8,
              head_dim=64, global_head_dim=128, num_key_value_heads=2, num_kv_shared_layers=2,
@@ -93,7 +93,7 @@ def bench(path: Path, tokens: int, reps: int, clock=time.perf_counter):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=256)
-    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--reps", type=at_least(1), default=7)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--quant", default=None, choices=[None, "affine4", "mxfp4"])
     p.add_argument("--clock", default="wall", choices=list(CLOCKS),

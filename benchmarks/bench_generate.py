@@ -31,7 +31,7 @@ import workbench  # noqa: F401  (fast BLAS before mlx.core)
 import mlx.core as mx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import CLOCKS, interleaved  # noqa: E402
+from timing import CLOCKS, at_least, interleaved  # noqa: E402
 
 PHI3 = dict(model_type="phi3", hidden_size=512, num_hidden_layers=8, intermediate_size=2048,
             num_attention_heads=8, num_key_value_heads=8, vocab_size=12000, rms_norm_eps=1e-5,
@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--prompt", type=int, default=16)
-    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--reps", type=at_least(1), default=5)
     p.add_argument("--which", default="op,module", help="comma list of: op (gemma4_text), module (phi3)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)

@@ -29,7 +29,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import CLOCKS, interleaved  # noqa: E402
+from timing import CLOCKS, at_least, interleaved  # noqa: E402
 
 SHAPES = {
     "qwen2": dict(model_type="qwen2", hidden_size=512, num_hidden_layers=8, intermediate_size=2048,
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--arch", default="phi3", choices=sorted(SHAPES))
     p.add_argument("--tokens", type=int, default=256)
-    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--reps", type=at_least(1), default=7)
     p.add_argument("--clock", default="wall", choices=list(CLOCKS))
     a = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as d:

@@ -40,7 +40,7 @@ from workbench import fsio
 from workbench.zoo import real_shapes as rs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import CLOCKS, interleaved  # noqa: E402
+from timing import CLOCKS, at_least, interleaved  # noqa: E402
 
 DTYPES = {"bf16": None, "4bit": "affine4", "mxfp4": "mxfp4"}
 TARGETS = {"trace-none": 1.10, "trace-stats": 1.15, "trace-full": 1.5}
@@ -158,8 +158,8 @@ def main(argv=None) -> int:
     p.add_argument("--vocab", type=int, default=None, help="cut the vocabulary to V tokens")
     p.add_argument("--path", type=Path, default=None, help="write the checkpoint here and keep it (reused if it "
                                                           "holds a config.json)")
-    p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--steps", type=int, default=50, help="ops stepped one at a time (0: skip)")
+    p.add_argument("--reps", type=at_least(1), default=3)
+    p.add_argument("--steps", type=at_least(0), default=50, help="ops stepped one at a time (0: skip)")
     p.add_argument("--full", default="auto", choices=["auto", "on", "off"],
                    help="full capture: auto (where its values fit in half the memory), on, off")
     p.add_argument("--attention", default="default", choices=["default", "explicit"],

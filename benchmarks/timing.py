@@ -7,6 +7,7 @@ slow patch of a shared machine slows every variant alike and the ratios stay hon
 """
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 
@@ -14,9 +15,25 @@ import time
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
+def at_least(lo: int):
+    """An argparse type: an integer >= ``lo`` (``--reps`` takes at_least(1): a median of no
+    rounds is no figure), else the option's one-line usage error."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if n < lo:
+            raise argparse.ArgumentTypeError(f"{n} is below {lo}")
+        return n
+    return parse
+
+
 def interleaved(variants: dict, reps: int, clock=time.perf_counter, warmup: int = 2) -> dict:
     """Run every variant ``warmup`` times (weights paged in, kernels compiled), then ``reps``
     rounds of one call each, in order; return name -> (median, min) seconds."""
+    if reps < 1:
+        raise ValueError(f"reps must be at least 1, not {reps}")
     for _ in range(warmup):
         for f in variants.values():
             f()
