@@ -1,10 +1,14 @@
 """Attention math shared by the model programs (:mod:`workbench.models.builder`) and the
 views that read attention (:mod:`workbench.trace.heads`, the widgets, the hunt): the fused
-kernel call, the explicit scores, the probabilities.  Depends on MLX only."""
+kernel call, the explicit scores, the probabilities; and the command lines' ``--attention``
+option (:func:`parse_option`).  Depends on MLX only."""
 from __future__ import annotations
 
 import mlx.core as mx
 
+
+#: the attention choices by name (workbench.models.attention: layers may be named too)
+CHOICES = ("fused", "explicit")
 
 #: the most bytes of [B, H, rows, S] float32 scores one kernel call may imply (CPU, GPU):
 #: where MLX has no fused kernel (its CPU backend, some head sizes on a GPU) it computes
@@ -99,3 +103,20 @@ def probabilities(q, k, mask, scale: float):
     """softmax(scores) [B, H, T, S] in the compute dtype -- what an explicit ``softmax`` op holds
     (for a fused layer, recomputed from its queries and keys)."""
     return mx.softmax(attention_scores(q, k, mask, scale), axis=-1, precise=True)
+
+
+def parse_option(text: str, option: str = "--attention"):
+    """A command line's ``--attention`` value as load / trace take it: "fused", "explicit", or
+    comma-separated layers (``3,5`` or ``layers.3``) -> [3, 5]; a ValueError naming ``option``
+    and the bad part otherwise (the layer numbers are checked against the model later)."""
+    text = text.strip()
+    if text in CHOICES:
+        return text
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise ValueError(f"{option} is empty: give fused, explicit or layers such as 3,5")
+    for p in parts:
+        if not (p.isdigit() or (p.startswith("layers.") and p[len("layers."):].isdigit())):
+            raise ValueError(f"{option}: {p!r} is not an integer or a layer name like layers.3 "
+                             "(fused, explicit or comma-separated layers, e.g. 3,5)")
+    return [int(p) if p.isdigit() else p for p in parts]

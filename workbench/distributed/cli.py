@@ -55,7 +55,7 @@ def run(args) -> int:
     from workbench.distributed.run import trace_distributed
     from workbench.distributed.wire import WireError
     from workbench.errors import UsageError, parse_ids
-    from workbench.models.attention import parse_option
+    from workbench.attention import parse_option
     from workbench.trace.cli import print_headroom
 
     group = mx.distributed.init()

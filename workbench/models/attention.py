@@ -21,26 +21,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+from workbench.attention import CHOICES
 from workbench.program import Program, layer_of
-
-CHOICES = ("fused", "explicit")
-
-
-def parse_option(text: str, option: str = "--attention"):
-    """A command line's ``--attention`` value as load / trace take it: "fused", "explicit", or
-    comma-separated layers (``3,5`` or ``layers.3``) -> [3, 5]; a ValueError naming ``option``
-    and the bad part otherwise (the layer numbers are checked against the model later)."""
-    text = text.strip()
-    if text in CHOICES:
-        return text
-    parts = [p.strip() for p in text.split(",") if p.strip()]
-    if not parts:
-        raise ValueError(f"{option} is empty: give fused, explicit or layers such as 3,5")
-    for p in parts:
-        if not (p.isdigit() or (p.startswith("layers.") and p[len("layers."):].isdigit())):
-            raise ValueError(f"{option}: {p!r} is not an integer or a layer name like layers.3 "
-                             "(fused, explicit or comma-separated layers, e.g. 3,5)")
-    return [int(p) if p.isdigit() else p for p in parts]
 
 
 def attention_spec(attention, num_layers: int) -> tuple[frozenset[int], tuple[int, int] | None]:

@@ -53,7 +53,7 @@ def run(args) -> int:
     import workbench
     from workbench.errors import UsageError, parse_ids
     from workbench.dtypes import dtype_name
-    from workbench.models.attention import parse_option
+    from workbench.attention import parse_option
     from workbench.trace.hunt import hunt
     from workbench.trace.step import TraceError
 
