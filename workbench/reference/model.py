@@ -129,11 +129,21 @@ def _is_cache(v) -> bool:
     return hasattr(v, "update_and_fetch") or hasattr(v, "offset")
 
 
+def _appends_only(c) -> bool:
+    """mlx-lm's plain ``KVCache``: it writes at and past its ``offset`` only (its buffers grow
+    by concatenation, the positions below are never rewritten), so its state when a forward
+    began is its offset then -- no copy of its buffers (a decoding loop's sessions would each
+    hold one: memory quadratic in the tokens)."""
+    t = type(c)
+    return t.__name__ == "KVCache" and t.__module__ == "mlx_lm.models.cache"
+
+
 def _snapshot(cache):
     if cache is None:
         return None
     items = cache if isinstance(cache, (list, tuple)) else [cache]
-    return [(c, {k: R.copy_array(v) if not isinstance(v, (list, dict)) else copy.copy(v) for k, v in vars(c).items()})
+    return [(c, ("offset", c.offset, c.keys is None) if _appends_only(c) else
+             {k: R.copy_array(v) if not isinstance(v, (list, dict)) else copy.copy(v) for k, v in vars(c).items()})
             for c in items]
 
 
@@ -141,6 +151,11 @@ def _restore(cache, snap) -> None:
     if snap is None:
         return
     for c, d in snap:
+        if isinstance(d, tuple):  # an append-only cache: back to its offset then
+            _, c.offset, fresh = d
+            if fresh:
+                c.keys = c.values = None
+            continue
         vars(c).clear()
         vars(c).update({k: R.copy_array(v) if not isinstance(v, (list, dict)) else copy.copy(v) for k, v in d.items()})
 
