@@ -45,31 +45,50 @@ class Run:
         return f"<rc={self.rc} cpu={self.cpu:.1f}s peak={self.peak_mb:.0f}MB err={self.err[:300]!r}>"
 
 
-#: (root only) the child's os.open refuses files with this name as the kernel would refuse a
-#: mode-000 file to anyone else: root reads every file, and this venv's interpreter lives
-#: under /root, so the CLI cannot be run as another user here
-_DENY = """
-import errno, os, sys
-_open, _deny = os.open, sys.argv.pop(1)
-def _guard(path, *a, **k):
-    if os.path.basename(os.fspath(path)) == _deny:
-        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
-    return _open(path, *a, **k)
-os.open = _guard
+#: the child: ``python -c _CHILD HWM_FILE DENY ARGS...`` runs ``workbench ARGS`` and, at exit,
+#: writes its peak RSS (VmHWM, KiB) into HWM_FILE.  VmHWM belongs to the child's own address
+#: space (made fresh by exec), while wait4's ru_maxrss carries the parent's peak across fork
+#: and exec: a pytest process grown by earlier tests made every child look as large as it.
+#: DENY (root only, "" for none): os.open refuses files with this name as the kernel would
+#: refuse a mode-000 file to anyone else (root reads every file, and this venv's interpreter
+#: lives under /root, so the CLI cannot be run as another user here).
+_CHILD = """
+import atexit, errno, os, sys
+_hwm_file, _deny = sys.argv[1], sys.argv[2]
+del sys.argv[1:3]
+def _report():
+    try:
+        with open("/proc/self/status") as f:
+            kb = next((line.split()[1] for line in f if line.startswith("VmHWM:")), None)
+        if kb is not None:
+            with open(_hwm_file, "w") as f:
+                f.write(kb)
+    except OSError:
+        pass
+atexit.register(_report)
+if _deny:
+    _open = os.open
+    def _guard(path, *a, **k):
+        if os.path.basename(os.fspath(path)) == _deny:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+        return _open(path, *a, **k)
+    os.open = _guard
 from workbench.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 
 
 def run_cli(*args, cwd=None, env=None, deny=None, wall=WALL_S) -> Run:
-    """``workbench ARGS`` in a child process; its own CPU time and peak RSS from wait4."""
+    """``workbench ARGS`` in a child process; its own CPU time (wait4) and peak RSS (its
+    VmHWM at exit; wait4's figure where the child could not report, e.g. killed)."""
     env = {**os.environ, **(env or {})}
     env.pop("PYTHONWARNINGS", None)
-    head = [sys.executable, "-m", "workbench.cli"] if deny is None else [sys.executable, "-c", _DENY, deny]
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
+            tempfile.TemporaryDirectory() as tmp:
+        hwm = os.path.join(tmp, "hwm")
         t0 = time.monotonic()
-        p = subprocess.Popen([*head, *map(str, args)], stdout=out, stderr=err,
-                             stdin=subprocess.DEVNULL, cwd=cwd, env=env)
+        p = subprocess.Popen([sys.executable, "-c", _CHILD, hwm, deny or "", *map(str, args)], stdout=out,
+                             stderr=err, stdin=subprocess.DEVNULL, cwd=cwd, env=env)
         hung = False
         while True:
             pid, status, ru = os.wait4(p.pid, os.WNOHANG)
@@ -84,8 +103,12 @@ def run_cli(*args, cwd=None, env=None, deny=None, wall=WALL_S) -> Run:
         p.returncode = os.waitstatus_to_exitcode(status)  # (reaped here, not by Popen)
         out.seek(0)
         err.seek(0)
+        peak_kb = ru.ru_maxrss
+        if os.path.exists(hwm):
+            with open(hwm) as f:
+                peak_kb = int(f.read())
         r = Run(p.returncode, out.read().decode(errors="replace"), err.read().decode(errors="replace"),
-                ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024, time.monotonic() - t0)
+                ru.ru_utime + ru.ru_stime, peak_kb / 1024, time.monotonic() - t0)
     assert not hung, f"workbench {' '.join(map(str, args))} still running after {wall} s: {r}"
     return r
 
@@ -342,7 +365,7 @@ def test_lab_with_a_bad_ip():
 def test_unreadable_file_is_reported_as_unreadable(base, which):
     ck = copy(base, f"unreadable-{which}")
     (ck / which).chmod(0o000)
-    deny = which if os.geteuid() == 0 else None  # (root: the child's open is refused, see _DENY)
+    deny = which if os.geteuid() == 0 else None  # (root: the child's open is refused, see _CHILD)
     for cmd in (["inspect", ck], ["hunt", ck, "--ids", "1,2"]):
         r = run_cli(*cmd, deny=deny)
         check(r, 2, which, "cannot be read", "Permission denied")
