@@ -194,6 +194,10 @@ def test_progress_bar(llama, capsys, monkeypatch):
     t = workbench.load(llama, memory_budget="64MB", progress=False).trace(IDS)
     t.run()
     assert capsys.readouterr().err == ""
+    from workbench.trace.tracer import Trace, TraceError
+
+    with pytest.raises(TraceError, match="progress must be None, True or False, not 'yes'"):
+        Trace(m.program, m.context(), m.feeds(mx.array([IDS])), model=m, progress="yes")
 
 
 def test_module_level_model_refuses_a_budget(llama):

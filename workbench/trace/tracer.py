@@ -104,6 +104,8 @@ class Trace:
         ends = [i for i in range(n) if i == n - 1 or self._ops[i].layer != self._ops[i + 1].layer] \
             if self._release else []
         self._ends = {i: k for k, i in enumerate(ends, 1)}
+        if progress is not None and not isinstance(progress, bool):
+            raise TraceError(f"progress must be None, True or False, not {progress!r}")
         if progress is None and self._release is not None:
             progress = getattr(model, "progress", None)
         elif progress is None:
