@@ -40,10 +40,14 @@ def _attention_op(trace, name: str):
     return op
 
 
-def _value(trace, name: str) -> mx.array:
-    """The op's value as captured, else recomputed from its inputs (the op must have run)."""
+def _ran(trace, name: str) -> None:
     if trace.program.index(name) >= trace.position:
         raise TraceError(f"{name} has not run yet (run the trace past it)")
+
+
+def _value(trace, name: str) -> mx.array:
+    """The op's value as captured, else recomputed from its inputs (the op must have run)."""
+    _ran(trace, name)
     try:
         return trace.value(name)
     except KeyError:
@@ -81,8 +85,7 @@ def probabilities(trace, layer: int, scores: bool = False) -> tuple[str, mx.arra
     if name not in trace.program:
         raise TraceError(f"{step}: no such op in this trace (see trace.ops)")
     op = _attention_op(trace, name)
-    if trace.program.index(name) >= trace.position:
-        raise TraceError(f"{name} has not run yet (run the trace past it)")
+    _ran(trace, name)
     q, k, _, valid = (v for _, v in trace.inputs(name)[:4])
     T, S = q.shape[2], k.shape[2]
     mask = attention_mask(S - T, T, 0, S, op.attrs.get("window"), real_keys(valid))
