@@ -227,6 +227,10 @@ def test_a_trimmed_cache_cannot_be_gone_back_over(g4):
     t.run()
     t2 = g4.trace([11], cache=cache)
     t2.run()
+    snap = cache.snapshot()
+    cache.keys = [None if k is None else k[:, :, :2] for k in cache.keys]  # cut behind its back
+    with pytest.raises(ValueError, match="fewer positions than when this forward began"):
+        cache.restore(snap)
     cache.trim(2)
     with pytest.raises(ValueError, match="trimmed after this forward ran"):
         t2.back()

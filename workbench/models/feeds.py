@@ -53,6 +53,11 @@ class KVCache:
         if epoch != self.epoch:
             raise ValueError("the KV cache was trimmed after this forward ran: its state then is gone "
                              "(going back over its cache ops needs a new trace)")
+        now = [None if a is None else a.shape[2] for a in self.keys + self.values]
+        now.append(None if self.valid is None else self.valid.shape[1])
+        if any(n is not None and (m is None or m < n) for n, m in zip(kl + vl + [nv], now)):
+            raise ValueError("the KV cache holds fewer positions than when this forward began (it was "
+                             "replaced or cut since): its state then is gone")
         cut = lambda arrs, lens: [None if n is None else a[:, :, :n] for a, n in zip(arrs, lens)]  # noqa: E731
         return start, cut(self.keys, kl), cut(self.values, vl), None if nv is None else self.valid[:, :nv]
 
