@@ -1,10 +1,11 @@
-"""The CUDA statistics kernel's host side: per-block partials (as the kernel lays them out:
-grid-stride slices of 256 threads per block) fold into the same stats dicts as the host path.
+"""The CUDA statistics kernel's host side: each output's 12-word slot (float64 sums, the max
+and negated min as order-preserving keys, five counts; the blocks add into it with atomics)
+folds into the same stats dicts as the host path.
 
 The kernel itself runs only on MLX's CUDA backend (benchmarks/ and the H200 figures check it
-against the host path on every op); here a numpy model of its per-block partials drives the
-fold, so a wrong combination (a count summed twice, min taken as max, the fill or the
-non-finite elements kept in the sums) fails on the CPU too."""
+against the host path on every op); here a numpy model of the slots drives the fold, so a
+wrong combination (a count in the wrong word, min taken as max, a key decoded wrongly, the
+fill or the non-finite elements kept in the sums) fails on the CPU too."""
 import math
 
 import mlx.core as mx
@@ -14,20 +15,29 @@ import pytest
 from workbench.trace import stats as S
 
 
-def _block_partials(a: np.ndarray, nb: int, fill: float):
-    """What the kernel writes for one input: F [nb, 2], D [nb, 2], U [nb, 5]."""
-    blk = (np.arange(a.size) % (nb * S._THREADS)) // S._THREADS
-    F = np.empty((nb, 2)); D = np.zeros((nb, 2)); U = np.zeros((nb, 5), np.int64)
-    for b in range(nb):
-        v = a[blk == b].astype(np.float32)
-        nan, pinf, ninf = np.isnan(v), np.isposinf(v), np.isneginf(v)
-        fl = (v == np.float32(fill)) & ~nan
+def _key(v: np.float32) -> int:
+    """The kernel's wb_key: an order-preserving uint32 of a float32."""
+    b = int(np.float32(v).view(np.uint32))
+    return (~b & 0xFFFFFFFF) if b & 0x80000000 else (b | 0x80000000)
+
+
+def _slot(a: np.ndarray, fill: float, blocks: int = 3) -> np.ndarray:
+    """The 12 words the kernel leaves for one output: each of ``blocks`` blocks folds its
+    slice and adds into the slot with atomics (max of keys, sums, counts)."""
+    slot = np.zeros(12, np.uint32)
+    sums = np.zeros(2)
+    for part in np.array_split(a.astype(np.float32), blocks):
+        nan, pinf, ninf = np.isnan(part), np.isposinf(part), np.isneginf(part)
+        fl = (part == np.float32(fill)) & ~nan
         ok = ~(nan | pinf | ninf | fl)
-        f = v[ok].astype(np.float64)
-        F[b] = (f.max() if f.size else -np.inf, f.min() if f.size else np.inf)
-        D[b] = (f.sum(), (f * f).sum())
-        U[b] = ((v == 0).sum(), fl.sum(), nan.sum(), pinf.sum(), ninf.sum())
-    return F, D, U
+        f = part[ok].astype(np.float64)
+        sums += (f.sum(), (f * f).sum())
+        if f.size:
+            slot[4] = max(int(slot[4]), _key(np.float32(f.max())))
+            slot[5] = max(int(slot[5]), _key(np.float32(-f.min())))
+        slot[6:11] += np.array([(part == 0).sum(), fl.sum(), nan.sum(), pinf.sum(), ninf.sum()], np.uint32)
+    slot[0:4] = sums.view(np.uint32)
+    return slot
 
 
 def _awkward(dt):
@@ -41,20 +51,40 @@ def _awkward(dt):
     return mx.where(mx.arange(b.size) % 13 == 0, mx.array(-S.dtype_max(dt), dt), x)
 
 
+def _vals(dt):
+    return [_awkward(dt), (mx.arange(5000, dtype=mx.float32) - 2500).astype(dt), mx.full((300,), -S.dtype_max(dt), dt),
+            mx.full((40,), float("nan"), dt), mx.full((0,), 1.0, dt), mx.full((9,), -3.5, dt)]
+
+
+def _words(vals):
+    return np.concatenate([_slot(np.array(v.astype(mx.float32)), -S.dtype_max(v.dtype)) for v in vals if v.size])
+
+
 @pytest.mark.parametrize("dt", [mx.float32, mx.bfloat16, mx.float16])
 def test_fold_equals_host_path(dt):
-    vals = [_awkward(dt), (mx.arange(5000, dtype=mx.float32) - 2500).astype(dt),
-            mx.full((300,), -S.dtype_max(dt), dt), mx.full((40,), float("nan"), dt)]
+    vals = _vals(dt)
     mx.eval(vals)
     want = S.evaluate(vals, host=True)
     meta = [(v.size, v.dtype) for v in vals]
-    out = [None] * len(vals)
-    nb = S._blocks(max(v.size for v in vals)) + 2  # one block count per kernel, as in cuda_parts
-    parts = [_block_partials(np.array(v.astype(mx.float32)), nb, -S.dtype_max(dt)) for v in vals]
-    F, D, U = (np.stack([p[k] for p in parts]) for k in range(3))
-    S.combine_partials(meta, list(range(len(vals))), F, D, U, out)
+    # slots in the kernel's order (sorted by size), not the outputs' order
+    order = sorted((i for i, v in enumerate(vals) if v.size), key=lambda i: vals[i].size)
+    out = S.fold_slots(meta, _words([vals[i] for i in order]), order)
     assert out[0]["nan"] == 3 and out[0]["posinf"] == 2 and out[0]["neginf"] == 1
     assert out[2]["masked"] == 300 and math.isnan(out[2]["mean"])
+    assert out[5]["min"] == out[5]["max"] == -3.5  # a negative max and min through the keys
+    _close(want, out)
+
+
+def test_keys_keep_order():
+    xs = np.array([-np.inf, -3e38, -1.5, -1e-30, -0.0, 0.0, 1e-30, 2.0, 3e38, np.inf], np.float32)
+    keys = [_key(x) for x in xs]
+    assert keys == sorted(keys) and min(keys) > 0  # 0 is "no value"
+    back = S._unkey(np.array(keys, np.uint32))
+    assert np.array_equal(back, xs.astype(np.float64))
+    assert S._unkey(np.zeros(1, np.uint32))[0] == -np.inf
+
+
+def _close(want, out):
     for w, g in zip(want, out):
         assert set(w) == set(g)
         for k in w:
@@ -63,6 +93,69 @@ def test_fold_equals_host_path(dt):
                 assert b is None or (isinstance(b, float) and math.isnan(b)), (k, a, b)
             else:
                 assert b == pytest.approx(a, rel=1e-5, abs=1e-6), (k, a, b)
+
+
+def test_results_fold_many_batches_together():
+    # a trace's batches (one per layer on a GPU) are copied back and folded in one pass:
+    # each batch gets its own outputs' stats, in order, whatever its chunks
+    batches = [_vals(mx.bfloat16)[:2], [mx.full((0,), 1.0, mx.float16)], _vals(mx.float16)[1:]]
+    pend, want = [], []
+    for vals in batches:
+        mx.eval(vals)
+        want.append(S.evaluate(vals, host=True))
+        meta = [(v.size, v.dtype) for v in vals]
+        order = [i for i, v in enumerate(vals) if v.size][::-1]
+        halves = [order[:1], order[1:]] if len(order) > 1 else [order] if order else []
+        parts = [mx.array(_words([vals[i] for i in h])) for h in halves]
+        pend.append(S.Pending.slots(meta, parts, order))
+    got = S.results(pend)
+    assert [len(g) for g in got] == [2, 1, 5]
+    assert got[2][2]["nan"] == 40 and got[2][1]["masked"] == 300
+    for w, g in zip(want, got):
+        _close(w, g)
+
+
+def _rows_case(rng, n):
+    """A packed row and an exact row, as the host path makes them, for an output of n elements."""
+    lo, hi = sorted(rng.standard_normal(2) * 10.0 ** rng.integers(-3, 40))
+    nan, pinf, ninf, fill = (int(rng.integers(0, 3)) * int(rng.random() < 0.3) for _ in range(4))
+    s = rng.standard_normal() * n
+    ss = abs(rng.standard_normal()) * n * max(abs(lo), abs(hi)) ** 2
+    zeros = int(rng.integers(0, n + 1))
+    return zeros, fill, nan, pinf, ninf, lo, hi, s, ss
+
+
+@pytest.mark.parametrize("dt", [mx.float32, mx.bfloat16, mx.float16, mx.int32])
+def test_finish_many_equals_finish(dt):
+    # the column-wise finish gives, row for row, what the one-output finish gives: including
+    # rows with no finite element, infinities (headroom inf), no dtype max (headroom None),
+    # magnitudes past the dtype's max, and empty outputs
+    rng = np.random.default_rng(7)
+    meta, rows = [], []
+    for i in range(300):
+        n = 0 if i % 50 == 0 else int(rng.integers(1, 10 ** 6))
+        zeros, fill, nan, pinf, ninf, lo, hi, s, ss = _rows_case(rng, max(n, 1))
+        if i % 7 == 0:  # every element non-finite or fill
+            fill = max(n - nan - pinf - ninf, 0)
+            lo, hi, s, ss = np.inf, -np.inf, 0.0, 0.0
+        meta.append((n, dt))
+        rows.append((zeros if n else 0, fill, nan, pinf, ninf, lo, hi, s, ss))
+    cnt = np.array([r[:5] for r in rows], np.int64)
+    lo = np.array([r[5] for r in rows]); hi = np.array([r[6] for r in rows])
+    sums = np.array([r[7:9] for r in rows])
+    got = S.finish_many(meta, hi, lo, sums, cnt)
+    for (n, _), r, g in zip(meta, rows, got):
+        zeros, fill, nan, pinf, ninf, l, h, s, ss = r
+        e = np.array([nan, pinf, ninf, l, h, s, ss, fill], np.float64)
+        want = S.finish(np.array([0, 0, 0, 0, zeros], np.float64) if n else None, n, dt, e)
+        assert list(g) == list(want)
+        for k in want:
+            a, b = want[k], g[k]
+            assert type(a) is type(b) or (a is None) == (b is None), (k, a, b)
+            if isinstance(a, float) and math.isnan(a):
+                assert math.isnan(b), (k, a, b)
+            else:
+                assert a == b or a == pytest.approx(b, rel=1e-12), (k, a, b)
 
 
 def test_cuda_path_only_on_cuda():

@@ -215,3 +215,47 @@ def test_per_token_view(g4):
     full.run()
     v = np.abs(np.array(full.value("layers.2")))[0].max(-1)
     np.testing.assert_allclose(full.per_token("layers.2")["absmax"][0], v, rtol=1e-6)
+
+
+def test_layer_queueing_gives_the_same_trace(g4, monkeypatch):
+    # on a GPU, run() queues each layer (mx.async_eval) as soon as it is built; forced on here
+    # (MLX's CPU stream runs async_eval too), every capture, a name breakpoint and run(until=)
+    # give what the batched run gives, and each layer is flushed on its own
+    from workbench.trace.tracer import Trace
+
+    def traced(cap, **kw):
+        t = workbench.trace(g4, IDS, capture=cap, **kw)
+        stop = t.run()
+        return t, stop
+
+    want = {cap: traced(cap) for cap in (None, "stats", "full")}
+    flushes = []
+    real = Trace._flush
+
+    def counting(self, *a, **kw):
+        flushes.append(kw.get("block", True))
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(Trace, "_queue_layers", lambda self: True)
+    monkeypatch.setattr(Trace, "_flush", counting)
+    layers = len(g4.program.layer_ends())
+    assert layers >= 4
+    for cap, (w, _) in want.items():
+        flushes.clear()
+        g, _ = traced(cap)
+        assert np.array_equal(np.array(g.logits), np.array(w.logits))
+        assert flushes.count(False) == layers  # one queued flush per layer end, then blocking ones
+        for a, b in zip(w.steps, g.steps):
+            assert (a.name, a.output_shape) == (b.name, b.output_shape)
+            assert a.stats == b.stats
+        if cap == "full":
+            for n in ("layers.1.mlp.down_proj", "layers.3"):
+                assert np.array_equal(np.array(g.value(n)), np.array(w.value(n)))
+    t, stop = traced("stats", breakpoints=["layers.2.mlp.up_proj"])
+    assert stop.name == "layers.2.mlp.up_proj" and t.position == g4.program.index(stop.name) + 1
+    assert all(s.stats is not None for s in t.steps)
+    s = t.run(until="layers.3.input_layernorm")
+    assert s.name == "layers.3.input_layernorm"
+    t.clear_breakpoints()
+    t.run()
+    assert np.array_equal(np.array(t.logits), np.array(want["stats"][0].logits))

@@ -86,6 +86,7 @@ class Program:
             known.add(op.name)
         self._last_use = None
         self._frees = None
+        self._layer_ends = None
 
     def __len__(self) -> int:
         return len(self.ops)
@@ -131,6 +132,14 @@ class Program:
             self._frees = [tuple(s for s in dict.fromkeys(op.inputs) if lu.get(s) == i and s not in ins)
                            for i, op in enumerate(self.ops)]
         return self._frees
+
+    def layer_ends(self) -> frozenset[int]:
+        """Indices of the ops after which ``op.layer`` changes (the last op of each run of
+        one layer's ops; the program's last op is not among them)."""
+        if self._layer_ends is None:
+            ops = self.ops
+            self._layer_ends = frozenset(i for i in range(len(ops) - 1) if ops[i].layer != ops[i + 1].layer)
+        return self._layer_ends
 
     def match(self, patterns: str | Iterable[str]) -> list[str]:
         """Op names matching glob patterns (``layers.*.self_attn.q_proj``) or ``re:`` regexes."""

@@ -61,7 +61,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.buffers.ranges import LabelTree, MaxTree, RangeMap
-from workbench.buffers.schedule import Schedule, as_schedule, no_gc
+from workbench.buffers.schedule import Schedule, as_schedule
+from workbench.nogc import no_gc
 
 KINDS = ("alias-in-dispatch", "partial-overlap", "raw", "war", "waw", "stale-read",
          "use-after-free", "out-of-bounds", "uninitialized-read", "cb-reuse")

@@ -26,14 +26,13 @@ buffer is still open: those are hazards for the analyzer, not format errors.
 """
 from __future__ import annotations
 
-import contextlib
-import gc
 import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from workbench.fsio import InputFileError, read_bytes
+from workbench.nogc import no_gc
 
 FORMAT = "workbench.schedule/1"
 MODES = ("serial", "concurrent")
@@ -403,19 +402,6 @@ def validate(doc: Any, source: str | None = None) -> Schedule:
                 known.add(buf)
                 events.append(Event("alloc", buffer=buf, size=size, initialized=init))
     return Schedule(mode=mode, buffers=buffers, kernels=kernels, events=events, source=source)
-
-
-@contextlib.contextmanager
-def no_gc():
-    """Pause the cyclic garbage collector while building hundreds of thousands of small,
-    acyclic objects (3x faster loading; nothing here makes reference cycles)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _reject_constant(name: str):

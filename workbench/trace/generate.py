@@ -23,7 +23,6 @@ as mlx-lm does.
 """
 from __future__ import annotations
 
-import gc
 import math
 from dataclasses import dataclass, field
 from functools import partial
@@ -32,6 +31,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from workbench.nogc import no_gc
 from workbench.trace.store import ValueStore
 from workbench.trace.entry import prepare_ids, trace as _trace
 from workbench.trace.step import TraceError
@@ -186,9 +186,7 @@ def generate(model, prompt, max_tokens: int = 16, capture="stats", dtype=None, *
     # every forward adds a few hundred Step records that live as long as the Generation:
     # Python's cyclic collector would rescan them all, again and again, while decoding (a few
     # percent of the tokens/s); it is paused for the loop and resumes after it
-    gc_was = gc.isenabled()
-    gc.disable()
-    try:
+    with no_gc():
         for n in range(max_tokens):
             # one mx.eval of the forward; its statistics are reduced on the statistics thread
             # while the next forward computes (read through the trace, they wait for it)
@@ -204,9 +202,6 @@ def generate(model, prompt, max_tokens: int = 16, capture="stats", dtype=None, *
             t = _trace(model, nxt.astype(mx.int32)[:, None], cache=cache, key_prefix=f"{n + 1}/", **kw)
             t.batched = True
             traces.append(t)
-    finally:
-        if gc_was:
-            gc.enable()
     for tr in traces:
         tr.steps  # noqa: B018  (statistics still computing: wait for them)
         tr.batched = batched

@@ -331,11 +331,19 @@ class Pending:
             return
         if on_cuda():
             # queued, not waited for: the one synchronisation comes when the stats are read
-            flat, layout = cuda_parts(values)
-            self._cuda = ([(v.size, v.dtype) for v in values], flat, layout)
-            mx.async_eval(([flat] if flat is not None else []) + list(also))
+            parts, order = cuda_parts(values)
+            self._cuda = ([(v.size, v.dtype) for v in values], parts, order)
+            mx.async_eval(parts + list(also))
             return
         self._dicts = device_stats(values, also)
+
+    @classmethod
+    def slots(cls, meta: Sequence[tuple], parts, order) -> "Pending":
+        """The statistics of outputs ``meta`` ((size, dtype) each) whose slots
+        :func:`cuda_parts` made (``parts``, lazy or evaluated; ``order``)."""
+        p = cls([])
+        p._dicts, p._cuda = None, (list(meta), list(parts), list(order))
+        return p
 
     def result(self) -> list[dict]:
         if self._dicts is None:
@@ -347,6 +355,26 @@ class Pending:
                 self._future = None
         return self._dicts
 
+
+
+def results(pendings: Sequence[Pending]) -> list[list[dict]]:
+    """:meth:`Pending.result` of each; those queued on CUDA are copied back together (one
+    device-to-host copy) and folded in one pass (:func:`fold_slots`)."""
+    todo = [p for p in pendings if p._dicts is None and p._cuda is not None]
+    if len(todo) > 1:
+        parts = [a for p in todo for a in p._cuda[1]]
+        words = np.array(mx.concatenate(parts) if len(parts) > 1 else parts[0]) if parts else None
+        meta, order, at = [], [], 0
+        for p in todo:
+            m, _, o = p._cuda
+            order += [len(meta) + i for i in o]
+            meta += m
+        dicts = fold_slots(meta, words, order)
+        for p in todo:
+            k = len(p._cuda[0])
+            p._dicts, p._cuda = dicts[at: at + k], None
+            at += k
+    return [p.result() for p in pendings]
 
 
 # --------------------------------------------------------------------------- device path
@@ -531,75 +559,158 @@ def jsonable(v):
 
 # --------------------------------------------------------------------------- CUDA path
 #: On MLX's CUDA backend one custom kernel reduces up to _K op outputs of one dtype at a
-#: time, reading each output once (no stacked copy, no float32 temporary): block b of input
-#: j folds a grid-stride slice into max / min over the finite non-fill elements, their sum
-#: and sum of squares (float64), and the counts of zeros, mask fill, NaN, +Inf and -Inf.
-#: The host adds the blocks' partials in float64, so every op gets its exact counts in the
-#: same single pass (no second pass for non-finite ops).  The kernels are queued with
-#: ``mx.async_eval``: the trace synchronises with the device once, when it reads the
-#: statistics (:meth:`Pending.result`), not per batch.
+#: time, reading each output once, where it lies (no copy: a transposed or broadcast view is
+#: read through its strides; row-contiguous ones 16 bytes per load).  Each thread folds its
+#: elements into max / min over the finite non-fill elements, their sum and sum of squares,
+#: and the counts of zeros, mask fill, NaN, +Inf and -Inf; sums go to float64 every 8
+#: elements (a float32 sum of 8, or float64 element by element where a value passes 1e18 or
+#: is not finite); the blocks fold into each output's 12-word slot with atomics.  So every op
+#: gets its exact counts in one pass and the host gets 48 bytes an output.  The kernels are
+#: queued with ``mx.async_eval``; the trace synchronises with the device once, when it reads
+#: the statistics (:meth:`Pending.result`, :func:`results`), not per batch.
 _K = 32
 _THREADS = 256
+#: words of an output's slot: float64 sum and sum of squares (4), the max and the negated
+#: min as order-preserving uint32 keys (2), zeros, fill, NaN, +Inf, -Inf (5), padding (1)
+_SLOT = 12
 _CUDA_KERNELS: dict = {}
+#: the template's FK: which lowest finite value is mask fill
+_FILL_KIND = {mx.float32: 0, mx.float16: 1, mx.bfloat16: 2}
 
 _CUDA_HEADER = r"""
 #define WB_INF __int_as_float(0x7f800000)
+#define WB_FMAX 3.402823466e+38f
+
+struct WbAcc {
+  float hi, lo;
+  double s, ss;
+  unsigned int zeros, fill, nans, pinf, ninf;
+};
+
+__device__ __forceinline__ void wb_add(WbAcc& a, const float v, const float fv) {
+  a.zeros += (v == 0.0f);
+  if (fabsf(v) <= WB_FMAX && v != fv) {
+    a.hi = fmaxf(a.hi, v); a.lo = fminf(a.lo, v);
+    const double d = (double)v;
+    a.s += d; a.ss += d * d;
+  } else if (v != v) { a.nans++; }
+  else if (v == WB_INF) { a.pinf++; }
+  else if (v == -WB_INF) { a.ninf++; }
+  else { a.fill++; }
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void wb_vec(WbAcc& a, const uint4 w, const float fv) {
+  const T* e = reinterpret_cast<const T*>(&w);
+  float f[V];
+  float m = 0.0f, s = 0.0f, ss = 0.0f;
+  bool odd = false;
+#pragma unroll
+  for (int q = 0; q < V; ++q) {
+    f[q] = static_cast<float>(e[q]);
+    const float x = fabsf(f[q]);
+    odd |= !(x < 1e18f) || f[q] == fv;
+  }
+  if (odd) {
+#pragma unroll
+    for (int q = 0; q < V; ++q) { wb_add(a, f[q], fv); }
+    return;
+  }
+#pragma unroll
+  for (int q = 0; q < V; ++q) {
+    a.zeros += (f[q] == 0.0f);
+    a.hi = fmaxf(a.hi, f[q]); a.lo = fminf(a.lo, f[q]);
+    s += f[q]; ss += f[q] * f[q];
+  }
+  a.s += (double)s; a.ss += (double)ss;
+}
+
+__device__ __forceinline__ unsigned int wb_key(const float v) {
+  const unsigned int b = __float_as_uint(v);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
 """
 
 _CUDA_BODY = r"""
   const int j = blockIdx.y;
   const T* x = in0;
+  const int32_t* shp = in0_shape.data();
+  const int64_t* str = in0_strides.data();
+  int nd = in0_ndim;
   switch (j) {
 @CASES@
   }
-  const long long n = sizes[j];
-  const float fv = fillv[0];
-  float hi = -WB_INF, lo = WB_INF;
-  double s = 0.0, ss = 0.0;
-  unsigned int zeros = 0, fill = 0, nans = 0, pinf = 0, ninf = 0;
+  const float fv = FK == 0 ? -3.4028234663852886e38f : (FK == 1 ? -65504.0f : -3.3895313892515355e38f);
+  WbAcc a;
+  a.hi = -WB_INF; a.lo = WB_INF; a.s = 0.0; a.ss = 0.0;
+  a.zeros = 0; a.fill = 0; a.nans = 0; a.pinf = 0; a.ninf = 0;
+  bool rc = true;
+  long long n = 1, expect = 1;
+  for (int d = nd - 1; d >= 0; --d) {
+    if (shp[d] != 1 && str[d] != expect) { rc = false; }
+    expect *= shp[d];
+    n *= shp[d];
+  }
+  const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   const long long step = (long long)gridDim.x * blockDim.x;
-  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
-    const float v = static_cast<float>(x[i]);
-    if (v == 0.0f) { zeros++; }
-    if (v != v) { nans++; }
-    else if (v == WB_INF) { pinf++; }
-    else if (v == -WB_INF) { ninf++; }
-    else if (v == fv) { fill++; }
-    else { hi = fmaxf(hi, v); lo = fminf(lo, v); s += (double)v; ss += (double)v * (double)v; }
+  if (!rc) {
+    for (long long i = tid; i < n; i += step) {
+      long long loc = 0, r = i;
+      for (int d = nd - 1; d >= 0; --d) { loc += (r % shp[d]) * str[d]; r /= shp[d]; }
+      wb_add(a, static_cast<float>(x[loc]), fv);
+    }
+  } else {
+    long long head = 0;
+    if ((reinterpret_cast<unsigned long long>(x) & 15ull) == 0) {
+      constexpr int V = 16 / sizeof(T);
+      const uint4* xv = reinterpret_cast<const uint4*>(x);
+      const long long nv = n / V;
+      long long t = tid;
+      for (; t + step < nv; t += 2 * step) {
+        const uint4 w0 = __ldg(xv + t);
+        const uint4 w1 = __ldg(xv + t + step);
+        wb_vec<T, V>(a, w0, fv);
+        wb_vec<T, V>(a, w1, fv);
+      }
+      if (t < nv) { wb_vec<T, V>(a, __ldg(xv + t), fv); }
+      head = nv * V;
+    }
+    for (long long i = head + tid; i < n; i += step) { wb_add(a, static_cast<float>(x[i]), fv); }
   }
   for (int off = 16; off > 0; off >>= 1) {
-    hi = fmaxf(hi, __shfl_down_sync(0xffffffffu, hi, off));
-    lo = fminf(lo, __shfl_down_sync(0xffffffffu, lo, off));
-    s += __shfl_down_sync(0xffffffffu, s, off);
-    ss += __shfl_down_sync(0xffffffffu, ss, off);
-    zeros += __shfl_down_sync(0xffffffffu, zeros, off);
-    fill += __shfl_down_sync(0xffffffffu, fill, off);
-    nans += __shfl_down_sync(0xffffffffu, nans, off);
-    pinf += __shfl_down_sync(0xffffffffu, pinf, off);
-    ninf += __shfl_down_sync(0xffffffffu, ninf, off);
+    a.hi = fmaxf(a.hi, __shfl_down_sync(0xffffffffu, a.hi, off));
+    a.lo = fminf(a.lo, __shfl_down_sync(0xffffffffu, a.lo, off));
+    a.s += __shfl_down_sync(0xffffffffu, a.s, off);
+    a.ss += __shfl_down_sync(0xffffffffu, a.ss, off);
+    a.zeros += __shfl_down_sync(0xffffffffu, a.zeros, off);
+    a.fill += __shfl_down_sync(0xffffffffu, a.fill, off);
+    a.nans += __shfl_down_sync(0xffffffffu, a.nans, off);
+    a.pinf += __shfl_down_sync(0xffffffffu, a.pinf, off);
+    a.ninf += __shfl_down_sync(0xffffffffu, a.ninf, off);
   }
-  __shared__ float s_hi[32], s_lo[32];
-  __shared__ double s_s[32], s_ss[32];
-  __shared__ unsigned int s_c[5][32];
+  __shared__ WbAcc sh[32];
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  if (lane == 0) {
-    s_hi[w] = hi; s_lo[w] = lo; s_s[w] = s; s_ss[w] = ss;
-    s_c[0][w] = zeros; s_c[1][w] = fill; s_c[2][w] = nans; s_c[3][w] = pinf; s_c[4][w] = ninf;
-  }
+  if (lane == 0) { sh[w] = a; }
   __syncthreads();
   if (threadIdx.x == 0) {
     const int nw = (blockDim.x + 31) >> 5;
     for (int k = 1; k < nw; ++k) {
-      hi = fmaxf(hi, s_hi[k]); lo = fminf(lo, s_lo[k]); s += s_s[k]; ss += s_ss[k];
-      zeros += s_c[0][k]; fill += s_c[1][k]; nans += s_c[2][k]; pinf += s_c[3][k]; ninf += s_c[4][k];
+      const WbAcc& b = sh[k];
+      a.hi = fmaxf(a.hi, b.hi); a.lo = fminf(a.lo, b.lo); a.s += b.s; a.ss += b.ss;
+      a.zeros += b.zeros; a.fill += b.fill; a.nans += b.nans; a.pinf += b.pinf; a.ninf += b.ninf;
     }
-    const long long o = (long long)j * gridDim.x + blockIdx.x;
-    fout[o * 2] = hi;
-    fout[o * 2 + 1] = lo;
-    reinterpret_cast<double*>(dout)[o * 2] = s;
-    reinterpret_cast<double*>(dout)[o * 2 + 1] = ss;
-    uout[o * 5] = zeros; uout[o * 5 + 1] = fill; uout[o * 5 + 2] = nans;
-    uout[o * 5 + 3] = pinf; uout[o * 5 + 4] = ninf;
+    unsigned int* o = out + (long long)j * 12;
+    atomicAdd(reinterpret_cast<double*>(o), a.s);
+    atomicAdd(reinterpret_cast<double*>(o) + 1, a.ss);
+    if (a.hi >= a.lo) {
+      atomicMax(o + 4, wb_key(a.hi));
+      atomicMax(o + 5, wb_key(-a.lo));
+    }
+    if (a.zeros) { atomicAdd(o + 6, a.zeros); }
+    if (a.fill) { atomicAdd(o + 7, a.fill); }
+    if (a.nans) { atomicAdd(o + 8, a.nans); }
+    if (a.pinf) { atomicAdd(o + 9, a.pinf); }
+    if (a.ninf) { atomicAdd(o + 10, a.ninf); }
   }
 """
 
@@ -625,81 +736,109 @@ def _cuda_available() -> bool:
 def _cuda_kernel(k: int):
     fn = _CUDA_KERNELS.get(k)
     if fn is None:
-        cases = "\n".join(f"    case {j}: x = in{j}; break;" for j in range(1, k))
+        cases = "\n".join(f"    case {j}: x = in{j}; shp = in{j}_shape.data(); str = in{j}_strides.data(); "
+                          f"nd = in{j}_ndim; break;" for j in range(1, k))
         fn = _CUDA_KERNELS[k] = mx.fast.cuda_kernel(
-            name=f"workbench_stats_{k}", input_names=[f"in{j}" for j in range(k)] + ["sizes", "fillv"],
-            output_names=["fout", "dout", "uout"], source=_CUDA_BODY.replace("@CASES@", cases),
-            header=_CUDA_HEADER, ensure_row_contiguous=True)
+            name=f"workbench_stats3_{k}", input_names=[f"in{j}" for j in range(k)], output_names=["out"],
+            source=_CUDA_BODY.replace("@CASES@", cases), header=_CUDA_HEADER, ensure_row_contiguous=False)
     return fn
 
 
 def _blocks(n: int) -> int:
     """Blocks per input: enough to fill the GPU for large outputs, one for small ones."""
-    return max(1, min(256, -(-n // (_THREADS * 16))))
+    return max(1, min(256, -(-n // (_THREADS * 32))))
 
 
 def cuda_parts(values: Sequence[mx.array]):
-    """Lazy per-block partials of ``values`` (empty ones skipped): one custom kernel per
-    chunk of up to ``_K`` outputs of one float dtype (other dtypes are reduced as float32
-    copies).  Returns ``(flat, layout)``: every kernel's outputs as one lazy uint32 array
-    (one copy back to the host) and, per chunk, ``(indices, nb)``."""
+    """Lazy statistics slots of ``values`` (empty ones skipped): one custom kernel per chunk
+    of up to ``_K`` outputs of one float dtype (other dtypes are reduced as float32 copies),
+    each read where it lies.  Returns ``(parts, order)``: per chunk a lazy uint32
+    [k * _SLOT] array, and the indices of the outputs in slot order."""
     by_dtype: dict = {}
     for i, v in enumerate(values):
         if not v.size:
             continue
-        x = v if v.dtype in (mx.float32, mx.float16, mx.bfloat16) else v.astype(mx.float32)
-        by_dtype.setdefault(x.dtype, []).append((v.size, i, x.reshape(-1)))
-    pieces, layout = [], []
+        x = v if v.dtype in _FILL_KIND else v.astype(mx.float32)
+        if x.ndim == 0:  # (the kernel reads every input's shape; MLX passes none for a scalar)
+            x = x.reshape(1)
+        by_dtype.setdefault(x.dtype, []).append((v.size, i, x))
+    parts, order = [], []
     for dt, items in by_dtype.items():
         items.sort(key=lambda t: t[0])  # similar sizes share a kernel (and its block count)
-        fillv = mx.array([-(dtype_max(dt))], mx.float32)  # the dtype's lowest finite value
         for c in range(0, len(items), _K):
             chunk = items[c:c + _K]
             k = len(chunk)
             nb = _blocks(chunk[-1][0])
-            sizes = mx.array([n for n, _, _ in chunk], mx.int64)
-            f, d, u = _cuda_kernel(k)(
-                inputs=[x for _, _, x in chunk] + [sizes, fillv], template=[("T", dt)],
+            parts.append(_cuda_kernel(k)(
+                inputs=[x for _, _, x in chunk], template=[("T", dt), ("FK", _FILL_KIND[dt])],
                 grid=(nb * _THREADS, k, 1), threadgroup=(_THREADS, 1, 1),
-                output_shapes=[(k, nb, 2), (k, nb, 4), (k, nb, 5)],
-                output_dtypes=[mx.float32, mx.uint32, mx.uint32])
-            pieces += [mx.view(f, mx.uint32).reshape(-1), d.reshape(-1), u.reshape(-1)]
-            layout.append(([i for _, i, _ in chunk], nb))
-    if not pieces:
-        return None, layout
-    return (mx.concatenate(pieces) if len(pieces) > 1 else pieces[0]), layout
+                output_shapes=[(k * _SLOT,)], output_dtypes=[mx.uint32], init_value=0)[0])
+            order += [i for _, i, _ in chunk]
+    return parts, order
 
 
-def cuda_finish(meta: Sequence[tuple], flat, layout) -> list[dict]:
-    """The stats dicts from :func:`cuda_parts`' (evaluated) partials; ``meta``: (size,
-    dtype) of every output (the outputs themselves need not be alive any more)."""
-    out: list = [None if n else _finish(None, 0, dtype_max(dt)) for n, dt in meta]
-    if flat is None:
-        return out
-    words = np.array(flat)
-    at = 0
-    for idx, nb in layout:
-        k = len(idx)
-        F = words[at: at + k * nb * 2].view(np.float32).reshape(k, nb, 2).astype(np.float64)
-        at += k * nb * 2
-        D = words[at: at + k * nb * 4].view(np.float64).reshape(k, nb, 2)
-        at += k * nb * 4
-        U = words[at: at + k * nb * 5].reshape(k, nb, 5).astype(np.int64)
-        at += k * nb * 5
-        combine_partials(meta, idx, F, D, U, out)
+def cuda_finish(meta: Sequence[tuple], parts, order) -> list[dict]:
+    """The stats dicts from :func:`cuda_parts`' (evaluated) slots; ``meta``: (size, dtype)
+    of every output (the outputs themselves need not be alive any more)."""
+    words = np.array(mx.concatenate(parts) if len(parts) > 1 else parts[0]) if parts else None
+    return fold_slots(meta, words, order)
+
+
+def fold_slots(meta: Sequence[tuple], words: np.ndarray | None, order) -> list[dict]:
+    """:func:`cuda_finish` on the slots already copied to the host (``words``, uint32
+    [len(order) * _SLOT]; slot r holds output ``order[r]``)."""
+    N = len(meta)
+    hi = np.full(N, -np.inf)
+    lo = np.full(N, np.inf)
+    sums = np.zeros((N, 2))
+    cnt = np.zeros((N, 5), np.int64)
+    if order:
+        w = words.reshape(len(order), _SLOT)
+        idx = np.asarray(order, np.int64)
+        sums[idx] = np.ascontiguousarray(w[:, 0:4]).view(np.float64)
+        hi[idx] = _unkey(w[:, 4])
+        lo[idx] = -_unkey(w[:, 5])
+        cnt[idx] = w[:, 6:11]
+    return finish_many(meta, hi, lo, sums, cnt)
+
+
+def _unkey(k: np.ndarray) -> np.ndarray:
+    """Floats (float64) from the kernel's order-preserving uint32 keys (0: no value, -> -inf)."""
+    k = k.astype(np.uint32)
+    bits = np.where(k & np.uint32(0x80000000), k & np.uint32(0x7FFFFFFF), ~k).astype(np.uint32)
+    return np.where(k == 0, -np.inf, bits.view(np.float32).astype(np.float64))
+
+
+def finish_many(meta: Sequence[tuple], hi, lo, sums, cnt) -> list[dict]:
+    """The stats dicts of N outputs (``meta``: (size, dtype) each) from their folded
+    partials -- max ``hi`` and min ``lo`` of the finite non-fill elements, ``sums`` [N, 2]
+    (sum, sum of squares) and ``cnt`` [N, 5] (zeros, fill, NaN, +Inf, -Inf): :func:`finish`
+    on every row, the arithmetic done on whole columns."""
+    N = len(meta)
+    n = np.fromiter((m[0] for m in meta), np.int64, N)
+    dmaxes = [dtype_max(dt) for _, dt in meta]
+    dmax = np.array([np.nan if d is None else d for d in dmaxes], np.float64)
+    zeros, fill, nan, pinf, ninf = cnt.T
+    c = n - nan - pinf - ninf - fill
+    ok = c > 0
+    with np.errstate(all="ignore"):
+        cc = np.where(ok, c, 1).astype(np.float64)
+        mean = np.where(ok, sums[:, 0] / cc, np.nan)
+        std = np.where(ok, np.sqrt(np.maximum(sums[:, 1] / cc - mean * mean, 0.0)), np.nan)
+        mn = np.where(ok, lo, np.nan)
+        mxv = np.where(ok, hi, np.nan)
+        absmax = np.where(ok, np.maximum(np.abs(mn), np.abs(mxv)), np.nan)
+        zf = np.where(n > 0, zeros / np.where(n > 0, n, 1), np.nan)
+        head = absmax / dmax
+    inf_any = (pinf > 0) | (ninf > 0)
+    none_head = ~inf_any & ~np.isfinite(head)  # no dtype max, or no finite absmax
+    head = np.where(inf_any, np.inf, head)
+    cols = [x.tolist() for x in (mn, mxv, mean, std, absmax, nan, pinf, ninf, zf, head, fill, none_head, n)]
+    out = []
+    for a, b, m, s, am, na, pi, ni, z, h, fl, nh, size in zip(*cols):
+        if size == 0:
+            out.append(_finish(None, 0, None))
+            continue
+        out.append({"min": a, "max": b, "mean": m, "std": s, "absmax": am, "nan": na, "posinf": pi,
+                    "neginf": ni, "zero_frac": z, "headroom": None if nh else h, "masked": fl})
     return out
-
-
-def combine_partials(meta, idx, F: np.ndarray, D: np.ndarray, U: np.ndarray, out: list) -> None:
-    """Fold per-block partials ``F`` [k, nb, 2] (max, min), ``D`` [k, nb, 2] (sum, sum of
-    squares, float64) and ``U`` [k, nb, 5] (zeros, fill, NaN, +Inf, -Inf) of the outputs
-    ``meta[idx[j]]`` = (size, dtype) into their stats dicts (written into ``out``)."""
-    hi = F[:, :, 0].max(axis=1)
-    lo = F[:, :, 1].min(axis=1)
-    sums = D.sum(axis=1)
-    cnt = U.sum(axis=1)
-    for j, i in enumerate(idx):
-        n, dt = meta[i]
-        e = np.array([cnt[j, 2], cnt[j, 3], cnt[j, 4], lo[j], hi[j], sums[j, 0], sums[j, 1], cnt[j, 1]],
-                     dtype=np.float64)
-        out[i] = _finish(np.array([0, 0, 0, 0, cnt[j, 0]], dtype=np.float64), n, dtype_max(dt), e)
