@@ -14,8 +14,8 @@ depth / vocabulary at real widths.  For each prompt length, interleaved in one r
 
 * mlx-lm's forward (or mlx-vlm's language model, whichever loads the checkpoint): the reference;
 * ``workbench.trace(model, ids, capture=None / "stats" / "full").run()`` (full only where its
-  values fit in half the memory available; the attention the model defaults to, fused once
-  engineer A's work lands; ``--attention explicit`` adds a stats trace with explicit attention);
+  values fit in half the memory available; the attention the model defaults to, fused;
+  ``--attention explicit`` adds a stats trace with explicit attention);
 * a float16 ``hunt`` vs a float16 stats trace (issue 11.4: hunt <= 2x the stats trace);
 
 then stepping one op at a time (``Trace.step()``, stats capture, mean and worst ms over
@@ -37,6 +37,7 @@ import workbench  # noqa: F401  (fast BLAS before mlx.core)
 import mlx.core as mx
 
 from workbench import fsio
+from workbench.trace import stats
 from workbench.zoo import real_shapes as rs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -131,7 +132,30 @@ def bench_tokens(model, ref, ref_name: str, tokens: int, reps: int, clock, atten
     med = interleaved(variants, reps, clock, warmup=1)
     return {"tokens": tokens, "ops": n_ops, "max_abs_diff_vs_reference": diff, "full_capture_bytes": full_bytes,
             "hunt_ops_checked": hunt_ops[0], "notes": notes,
+            "stats_kernel": stats_kernel(model, ids, reps) if run_full and stats.on_cuda() else None,
             "times": {k: {"median_s": v[0], "min_s": v[1], "tokens_per_s": tokens / v[0]} for k, v in med.items()}}
+
+
+def stats_kernel(model, ids, reps: int) -> dict:
+    """The CUDA statistics kernel alone on one forward's evaluated outputs (a full capture's
+    values): median ms to queue it, to run it, and to copy back and fold, and the read rate."""
+    t = workbench.trace(model, ids[0], capture="full")
+    t.run()
+    outs = [t.value(n) for n in t.ops]
+    meta = [(o.size, o.dtype) for o in outs]
+    times = []
+    for _ in range(reps + 1):
+        t0 = time.perf_counter()
+        parts, order = stats.cuda_parts(outs)
+        t1 = time.perf_counter()
+        mx.eval(parts)
+        t2 = time.perf_counter()
+        stats.cuda_finish(meta, parts, order)
+        times.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
+    q, k, f = (sorted(c)[len(c) // 2] for c in zip(*times[1:]))
+    nbytes = sum(o.nbytes for o in outs)
+    return {"outputs": len(outs), "bytes": nbytes, "queue_ms": q * 1e3, "kernel_ms": k * 1e3, "fold_ms": f * 1e3,
+            "read_gb_per_s": nbytes / k / 1e9}
 
 
 def bench_steps(model, tokens: int, steps: int) -> dict:
@@ -225,6 +249,11 @@ def report(r: dict) -> None:
                          f"{row['hunt_ops_checked']} of {row['ops']} ops checked)")
             print(f"    {k:28s} {v['median_s'] * 1e3:8.1f}ms {v['min_s'] * 1e3:8.1f}ms {v['tokens_per_s']:10.0f}   "
                   f"{ratio}")
+        k = row.get("stats_kernel")
+        if k:
+            print(f"    statistics kernel alone on {k['outputs']} outputs ({k['bytes'] / 1e9:.2f} GB): queue "
+                  f"{k['queue_ms']:.1f} ms, kernel {k['kernel_ms']:.1f} ms ({k['read_gb_per_s']:.0f} GB/s), "
+                  f"copy back and fold {k['fold_ms']:.1f} ms")
         for n in row["notes"]:
             print(f"    note: {n}")
     s = r["stepping"]
