@@ -321,11 +321,15 @@ class Trace:
         return False
 
     def _queue_layers(self) -> bool:
-        """Whether :meth:`run` queues each layer on the device as it is built: on a GPU, when
-        no statistics are taken or the CUDA kernel takes them (never on the CPU: MLX's CPU
-        stream and the host statistics share its cores)."""
+        """Whether :meth:`run` queues each layer on the device as it is built: on a GPU, for a
+        forward over more than one position, when no statistics are taken or the CUDA kernel
+        takes them (never on the CPU: MLX's CPU stream and the host statistics share its
+        cores; never for a one-token decoding step, launch-bound: each queued layer would add
+        a submission and have no device work to hide Python behind)."""
         if mx.default_device().type != mx.DeviceType.gpu:
             return False
+        if self.ids is not None and self.ids.shape[-1] == 1:
+            return False  # a decoding step: its layers are too small to overlap with anything
         return not self._stats_on or _stats.on_cuda()
 
     def _needs_stats_for_breaks(self) -> bool:
