@@ -175,3 +175,15 @@ def test_cuda_switch_is_read_strictly(monkeypatch):
     monkeypatch.setenv("WORKBENCH_STATS_CUDA", "off")
     with pytest.raises(ValueError, match="WORKBENCH_STATS_CUDA='off'"):
         S.on_cuda()
+
+
+def test_kernel_fill_constants_are_each_dtypes_lowest_value():
+    # the kernel names mask fill by literal constants (a template takes no float): each must be
+    # the lowest finite value of the dtype _FILL_KIND maps to it, as dtype_max says on the host
+    import re
+
+    line = next(l for l in S._CUDA_BODY.splitlines() if "const float fv = FK == 0" in l)
+    consts = [float(np.float32(c)) for c in re.findall(r"(-[0-9.e+]+)f", line)]
+    assert len(consts) == 3
+    for dt, k in S._FILL_KIND.items():
+        assert consts[k] == -S.dtype_max(dt), (dt, consts[k])

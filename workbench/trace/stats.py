@@ -603,7 +603,7 @@ template <typename T, int V>
 __device__ __forceinline__ void wb_vec(WbAcc& a, const uint4 w, const float fv) {
   const T* e = reinterpret_cast<const T*>(&w);
   float f[V];
-  float m = 0.0f, s = 0.0f, ss = 0.0f;
+  float s = 0.0f, ss = 0.0f;
   bool odd = false;
 #pragma unroll
   for (int q = 0; q < V; ++q) {
