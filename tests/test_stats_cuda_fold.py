@@ -187,3 +187,18 @@ def test_kernel_fill_constants_are_each_dtypes_lowest_value():
     assert len(consts) == 3
     for dt, k in S._FILL_KIND.items():
         assert consts[k] == -S.dtype_max(dt), (dt, consts[k])
+
+
+def test_kernel_fast_path_threshold_catches_fill_and_non_finite():
+    # wb_vec sums 8 elements in float32 unless one is at or past the threshold ``th``; the
+    # element path is what counts fill, NaN and Inf, so for every dtype the fill's magnitude
+    # and Inf must reach the threshold, and the sum of 8 values below it must stay finite
+    import re
+
+    line = next(l for l in S._CUDA_BODY.splitlines() if "const float th = FK == 1" in l)
+    th_f16, th_other = (float(np.float32(c)) for c in re.findall(r"\? ([0-9.e+]+)f : ([0-9.e+]+)f", line)[0])
+    for dt, k in S._FILL_KIND.items():
+        th = th_f16 if k == 1 else th_other
+        assert S.dtype_max(dt) >= th, (dt, th)  # fill, -dtype_max, goes the element path
+        assert 8 * th * th < np.finfo(np.float32).max, (dt, th)  # a float32 sum of squares of 8 stays finite
+    assert S._FILL_KIND[mx.float16] == 1 and list(S._FILL_KIND.values()).count(1) == 1
