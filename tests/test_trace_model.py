@@ -218,9 +218,13 @@ def test_per_token_view(g4):
 
 
 def test_layer_queueing_gives_the_same_trace(g4, monkeypatch):
-    # on a GPU, run() queues each layer (mx.async_eval) as soon as it is built; forced on here
-    # (MLX's CPU stream runs async_eval too), every capture, a name breakpoint and run(until=)
-    # give what the batched run gives, and each layer is flushed on its own
+    # on a GPU, run() without capture queues the graph (mx.async_eval) at layer ends, every
+    # QUEUE_BYTES of outputs; forced on here (MLX's CPU stream runs async_eval too), for every
+    # capture, a name breakpoint and run(until=): the same trace as the batched run, queued
+    # at each layer end with no threshold and at some of them with one
+    import math
+
+    from workbench.trace import tracer as tracer_mod
     from workbench.trace.tracer import Trace
 
     def traced(cap, **kw):
@@ -238,13 +242,18 @@ def test_layer_queueing_gives_the_same_trace(g4, monkeypatch):
 
     monkeypatch.setattr(Trace, "_queue_layers", lambda self: True)
     monkeypatch.setattr(Trace, "_flush", counting)
+    monkeypatch.setattr(tracer_mod, "QUEUE_BYTES", 0)
     layers = len(g4.program.layer_ends())
     assert layers >= 4
+    # a threshold of about two layers' outputs: queued at every second layer end or so
+    layer_bytes = sum(math.prod(s.output_shape) * 4 for s in want[None][0].steps) / (layers + 1)
     for cap, (w, _) in want.items():
-        flushes.clear()
-        g, _ = traced(cap)
-        assert np.array_equal(np.array(g.logits), np.array(w.logits))
-        assert flushes.count(False) == layers  # one queued flush per layer end, then blocking ones
+        for qb, lo, hi in ((0, layers, layers), (2 * layer_bytes, 1, layers - 1)):
+            monkeypatch.setattr(tracer_mod, "QUEUE_BYTES", qb)
+            flushes.clear()
+            g, _ = traced(cap)
+            assert np.array_equal(np.array(g.logits), np.array(w.logits))
+            assert lo <= flushes.count(False) <= hi, (qb, flushes.count(False))  # queued at layer ends
         for a, b in zip(w.steps, g.steps):
             assert (a.name, a.output_shape) == (b.name, b.output_shape)
             assert a.stats == b.stats
@@ -259,3 +268,16 @@ def test_layer_queueing_gives_the_same_trace(g4, monkeypatch):
     t.clear_breakpoints()
     t.run()
     assert np.array_equal(np.array(t.logits), np.array(want["stats"][0].logits))
+
+
+def test_run_queued_without_blocking_gives_the_same_trace(g4):
+    want = workbench.trace(g4, IDS, capture="stats")
+    want.run()
+    t = workbench.trace(g4, IDS, capture="stats")
+    with pytest.raises(TraceError, match="block=False"):
+        t.run(block=False)  # waiting for the statistics would block
+    assert t.position == 0
+    t.run(wait=False, block=False)
+    assert t.done
+    assert np.array_equal(np.array(t.logits), np.array(want.logits))
+    assert [s.stats for s in t.steps] == [s.stats for s in want.steps]
