@@ -138,6 +138,27 @@ def test_batch_and_stop(g4):
     g = workbench.generate(g4, PROMPT, max_tokens=N)
     s = workbench.generate(g4, PROMPT, max_tokens=N, stop=[g.tokens[2]])
     assert s.tokens == g.tokens[:g.tokens.index(g.tokens[2]) + 1]
+    # the forward queued on the stop token (built before the token was read) is dropped
+    assert len(s.traces) == len(s.tokens) and all(t.steps[-1].stats is not None for t in s.traces)
+
+
+def test_queued_decoding_equals_one_forward_at_a_time(g4):
+    # generate() queues forward k+1 on the sampled token before reading token k back; the
+    # same forwards run one after another, each waited for, give the same statistics
+    g = workbench.generate(g4, PROMPT, max_tokens=4, capture="stats", temperature=0.9, seed=5)
+    cache = g4.make_cache()
+    ids = [PROMPT] + [[t] for t in g.tokens[:-1]]
+    for k, (chunk, t) in enumerate(zip(ids, g.traces)):
+        r = workbench.trace(g4, chunk, capture="stats", cache=cache)
+        r.run()
+        assert [s.stats for s in r.steps] == [s.stats for s in t.steps], k
+
+
+def test_feeds_check_the_ids_unless_told_they_come_from_the_sampler(g4):
+    bad = mx.array([[1, g4.vocab_size]], mx.int32)
+    with pytest.raises(ValueError, match=f"token id {g4.vocab_size} out of range"):
+        g4.feeds(bad)
+    assert g4.feeds(bad, check_ids=False)["input_ids"].shape == (1, 2)  # not read back
 
 
 @pytest.mark.parametrize("kw, name", [

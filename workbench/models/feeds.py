@@ -119,15 +119,20 @@ def _as_ids(ids) -> mx.array:
 
 
 def make_feeds(ids, attention_mask=None, cache: KVCache | None = None,
-               windows: Mapping[str, int | None] | None = None, vocab_size: int | None = None) -> dict:
+               windows: Mapping[str, int | None] | None = None, vocab_size: int | None = None,
+               check_ids: bool = True) -> dict:
     """Program inputs for one forward: ids, per-sequence RoPE offsets and attention masks.
+
+    ``check_ids=False`` skips reading the ids back to check they are in the vocabulary
+    (ids a sampler drew from this model's logits are, by construction; a decoding step
+    would otherwise wait for the device before it could queue the next forward).
 
     ``attention_mask`` (1 = real token) supports left padding only.  With a cache, the
     chunk continues the cached positions and the mask covers cached + new keys.
     """
     ids = _as_ids(ids)
     B, T = ids.shape
-    if vocab_size is not None and ids.size:
+    if check_ids and vocab_size is not None and ids.size:
         lo, hi = mx.min(ids).item(), mx.max(ids).item()
         if lo < 0 or hi >= vocab_size:
             raise ValueError(f"token id {hi if hi >= vocab_size else lo} out of range for a vocabulary of {vocab_size}")
@@ -154,9 +159,10 @@ def make_feeds(ids, attention_mask=None, cache: KVCache | None = None,
     S = offset + T
     if valid is not None:
         v = valid.astype(mx.int32)
-        # left padding only: once a sequence starts, every later position is real
+        # left padding only: once a sequence starts, every later position is real (checked
+        # where a mask comes in: unmasked new positions after a checked cache keep it so)
         started = mx.cumsum(v, axis=1) > 0
-        if bool(mx.any(started & ~valid).item()):
+        if attention_mask is not None and bool(mx.any(started & ~valid).item()):
             raise ValueError("attention_mask must be left padding (0s before the first 1 of each row, 1s after)")
         npad = S - mx.sum(v, axis=1)
         rope_offset = (offset - npad).astype(mx.int32)

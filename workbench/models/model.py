@@ -225,8 +225,8 @@ class Model(TextCodec):
     def make_cache(self) -> KVCache:
         return KVCache(self.num_layers)
 
-    def feeds(self, ids, attention_mask=None, cache: KVCache | None = None) -> dict:
-        return make_feeds(ids, attention_mask, cache, self._windows, self.vocab_size)
+    def feeds(self, ids, attention_mask=None, cache: KVCache | None = None, check_ids: bool = True) -> dict:
+        return make_feeds(ids, attention_mask, cache, self._windows, self.vocab_size, check_ids)
 
     def trace(self, ids_or_text, capture="stats", dtype=None, **kw):
         """A :class:`~workbench.trace.tracer.Trace` of this model (``workbench.trace(model, ...)``)."""

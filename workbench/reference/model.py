@@ -257,7 +257,7 @@ class ReferenceModel(TextCodec):
 
     def module_trace(self, ids_or_text, capture="stats", dtype=None, breakpoints=None, interventions=None, *,
                      cache=None, attention_mask=None, pad_id=None, images=None, audio=None,
-                     **kw) -> ModuleTrace:
+                     check_ids: bool = True, **kw) -> ModuleTrace:
         """A :class:`ModuleTrace` of one forward (see :func:`workbench.trace.trace`); ``images``
         and ``audio`` (multimodal checkpoints) go through the model's own processor and
         their placeholder tokens go before the text (:mod:`workbench.reference.media`)."""
@@ -276,7 +276,7 @@ class ReferenceModel(TextCodec):
         if mask is not None and not bool(mx.all(mask).item()):
             raise TraceError("a module-level trace runs the reference's own forward, which takes no padding "
                              "mask: trace sequences of equal length (or one at a time)")
-        if self.vocab_size is not None and ids.size:
+        if check_ids and self.vocab_size is not None and ids.size:
             lo, hi = int(mx.min(ids).item()), int(mx.max(ids).item())
             if lo < 0 or hi >= self.vocab_size:
                 raise ValueError(f"token id {hi if hi >= self.vocab_size else lo} out of range for a "

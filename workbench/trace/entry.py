@@ -69,7 +69,7 @@ def prepare_ids(model, ids_or_text, pad_id: int | None = None):
 def trace(model, ids_or_text, capture="stats", dtype=None, breakpoints=None, interventions=None, *,
           cache=None, attention_mask=None, pad_id: int | None = None, memory_budget: int | None = None,
           spill_dir: str | None = None, flush_bytes: int = 512 * 2**20, store: ValueStore | None = None,
-          key_prefix: str = "", attention=None, **extra) -> Trace:
+          key_prefix: str = "", attention=None, check_ids: bool = True, **extra) -> Trace:
     """A :class:`Trace` of ``model`` on text, token ids, or a batch of either.
 
     capture: ``"stats"`` (default) | ``"full"`` | [name patterns] | None.
@@ -79,6 +79,8 @@ def trace(model, ids_or_text, capture="stats", dtype=None, breakpoints=None, int
     attention: None (the model's program, fused unless ``load`` said otherwise) |
     ``"fused"`` | ``"explicit"`` | layers (``3``, ``"layers.3"`` or a list) whose attention
     runs as explicit scores -> softmax -> context steps (docs/trace.md, Attention).
+    check_ids: False skips reading the ids back to check their range: for ids a sampler drew
+    from this model's logits (a decoding step then queues without waiting for the device).
     """
     if attention is not None and getattr(model, "granularity", "op") == "module":
         raise TraceError("attention=: a module-level model runs its own attention modules (no scores step)")
@@ -86,7 +88,8 @@ def trace(model, ids_or_text, capture="stats", dtype=None, breakpoints=None, int
         return model.module_trace(ids_or_text, capture=capture, dtype=dtype, breakpoints=breakpoints,
                                   interventions=interventions, cache=cache, attention_mask=attention_mask,
                                   pad_id=pad_id, memory_budget=memory_budget, spill_dir=spill_dir,
-                                  flush_bytes=flush_bytes, store=store, key_prefix=key_prefix, **extra)
+                                  flush_bytes=flush_bytes, store=store, key_prefix=key_prefix,
+                                  check_ids=check_ids, **extra)
     if extra:
         raise TraceError(f"{', '.join(extra)}: only a module-level model (workbench.load(..., "
                          "granularity='module')) takes images or audio")
@@ -95,7 +98,7 @@ def trace(model, ids_or_text, capture="stats", dtype=None, breakpoints=None, int
         mask = attention_mask if isinstance(attention_mask, mx.array) else mx.array(attention_mask)
     dt = _parse_dtype(dtype)
     program = model.program_for(attention) if attention is not None else model.program
-    feeds = model.feeds(ids, attention_mask=mask, cache=cache)
+    feeds = model.feeds(ids, attention_mask=mask, cache=cache, check_ids=check_ids)
     ctx = model.context(dt, cache=cache)
     check_attention_memory(program, ids.shape[0], ids.shape[1],
                            (cache.offset if cache is not None else 0) + ids.shape[1], ctx.dtype)

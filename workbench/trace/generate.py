@@ -35,6 +35,7 @@ from workbench.nogc import no_gc
 from workbench.trace.store import ValueStore
 from workbench.trace.entry import prepare_ids, trace as _trace
 from workbench.trace.step import TraceError
+from workbench.trace.tracer import wait_for_stats
 
 
 @dataclass
@@ -156,6 +157,16 @@ class Sampler:
 
 # --------------------------------------------------------------------------- the decode loop
 
+def _forward(t, sampler, n: int) -> mx.array:
+    """Run forward ``n`` (queued, not waited for) and return its next tokens [B], lazy."""
+    t.run(wait=False, block=False)
+    if not t.done:
+        raise TraceError(f"forward {n} stopped at {t.steps[-1].name!r} before the logits")
+    nxt = sampler(t.logits[:, -1, :])
+    mx.async_eval(nxt)
+    return nxt
+
+
 def generate(model, prompt, max_tokens: int = 16, capture="stats", dtype=None, *, interventions=None,
              stop: list[int] | None = None, memory_budget: int | None = None, spill_dir: str | None = None,
              pad_id: int | None = None, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
@@ -187,23 +198,26 @@ def generate(model, prompt, max_tokens: int = 16, capture="stats", dtype=None, *
     # Python's cyclic collector would rescan them all, again and again, while decoding (a few
     # percent of the tokens/s); it is paused for the loop and resumes after it
     with no_gc():
+        nxt = _forward(t, sampler, 0)
         for n in range(max_tokens):
-            # one mx.eval of the forward; its statistics are reduced on the statistics thread
-            # while the next forward computes (read through the trace, they wait for it)
-            t.run(wait=False)
-            if not t.done:
-                raise TraceError(f"forward {n} stopped at {t.steps[-1].name!r} before the logits")
-            nxt = sampler(t.logits[:, -1, :])
+            # as mlx-lm does: forward n + 1 is built and queued on the sampled token, still
+            # lazy, before token n is read back, so the device computes while Python builds
+            # (on a GPU; the CPU computes where Python runs).  Statistics are read later.
+            ahead = None
+            if n < max_tokens - 1:
+                ahead = _trace(model, nxt.astype(mx.int32)[:, None], cache=cache, key_prefix=f"{n + 1}/",
+                               check_ids=False, **kw)
+                ahead.batched = True
+                nxt_ahead = _forward(ahead, sampler, n + 1)
             toks = nxt.tolist()
             for b in range(B):
                 out[b].append(toks[b])
-            if n == max_tokens - 1 or (B == 1 and toks[0] in stops):
-                break
-            t = _trace(model, nxt.astype(mx.int32)[:, None], cache=cache, key_prefix=f"{n + 1}/", **kw)
-            t.batched = True
+            if ahead is None or (B == 1 and toks[0] in stops):
+                break  # (a forward queued past a stop token is dropped: it made no token)
+            t, nxt = ahead, nxt_ahead
             traces.append(t)
+    wait_for_stats(traces)  # (run() left nothing pending: the statistics still computing)
     for tr in traces:
-        tr.steps  # noqa: B018  (statistics still computing: wait for them)
         tr.batched = batched
     return Generation(model, ids, out, traces, batched,
                       {"temperature": sampler.temperature, "top_p": sampler.top_p, "top_k": sampler.top_k,
