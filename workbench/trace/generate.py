@@ -209,6 +209,7 @@ def generate(model, prompt, max_tokens: int = 16, capture="stats", dtype=None, *
                                check_ids=False, **kw)
                 ahead.batched = True
                 nxt_ahead = _forward(ahead, sampler, n + 1)
+            t.start_stats()  # forward n's statistics (CPU), while forward n + 1 computes
             toks = nxt.tolist()
             for b in range(B):
                 out[b].append(toks[b])

@@ -270,9 +270,22 @@ def host_stats_many(jobs: Sequence[tuple]) -> list[dict]:
                              np.maximum.reduceat(a, starts).astype(np.float64),
                              np.add.reduceat(a64, starts), np.add.reduceat(a64 * a64, starts),
                              np.add.reduceat((a == 0).astype(np.float64), starts)], axis=1)
-        for (i, x), row in zip(items, rows):
-            e = host_exact(x, dmax) if _needs_exact(row, dmax) else None
-            out[i] = _finish(row, x.size, dmax, e)
+        # rows with a non-finite min, max or sum, or mask fill at the min, get the exact
+        # pass one by one; the others (every row of a healthy step) are finished together
+        exact = ~np.isfinite(rows[:, :3]).all(axis=1)
+        if dmax is not None:
+            exact |= rows[:, 0] == -dmax
+        clean = np.flatnonzero(~exact)
+        if clean.size:
+            cnt = np.zeros((clean.size, 5), np.int64)
+            cnt[:, 0] = rows[clean, 4]
+            dicts = _finish_rows(lens[clean], np.full(clean.size, np.nan if dmax is None else dmax),
+                                 rows[clean, 1], rows[clean, 0], rows[clean, 2:4], cnt)
+            for j, d in zip(clean.tolist(), dicts):
+                out[items[j][0]] = d
+        for j in np.flatnonzero(exact).tolist():
+            i, x = items[j]
+            out[i] = _finish(rows[j], x.size, dmax, host_exact(x, dmax))
     return out
 
 
@@ -305,29 +318,32 @@ def pool():
 
 class Pending:
     """Statistics of a batch of evaluated arrays, being computed in the background (CPU)
-    or already computed (GPU); :meth:`result` returns the stats dicts in order."""
+    or already computed (GPU); :meth:`result` returns the stats dicts in order.
+
+    ``defer=True`` (host path): the batch is only queued (``mx.async_eval``) and its
+    reduction starts at :meth:`start` (or :meth:`result`), on the calling thread, so a
+    decoding loop can queue the next forward first and reduce this one while it computes."""
 
     def __init__(self, values: Sequence[mx.array], also: Sequence[mx.array] = (), background: bool = True,
-                 host: bool | None = None):
+                 host: bool | None = None, defer: bool = False):
         self._dicts = None
         self._future = None
         self._cuda = None
+        self._deferred = None
         if not values:
             if also:
-                eval_here(list(also))
+                (mx.async_eval if defer else eval_here)(list(also))
             self._dicts = []
             return
         if use_host() if host is None else host:
             # every MLX call on this thread; the background job sees numpy arrays and floats only
             views = [mx.view(v, mx.uint16) if v.dtype == mx.bfloat16 else v for v in values]
+            if defer:
+                mx.async_eval(views + list(also))
+                self._deferred = (values, views, background)
+                return
             eval_here(views + list(also))
-            jobs = [(np.asarray(w).reshape(-1), v.dtype == mx.bfloat16, dtype_max(v.dtype), v.size)
-                    for v, w in zip(values, views)]
-            run = lambda: host_stats_many(jobs)  # noqa: E731
-            if background:
-                self._future = pool().submit(run)
-            else:
-                self._dicts = run()
+            self._reduce(values, views, background)
             return
         if on_cuda():
             # queued, not waited for: the one synchronisation comes when the stats are read
@@ -345,7 +361,25 @@ class Pending:
         p._dicts, p._cuda = None, (list(meta), list(parts), list(order))
         return p
 
+    def _reduce(self, values, views, background: bool) -> None:
+        jobs = [(np.asarray(w).reshape(-1), v.dtype == mx.bfloat16, dtype_max(v.dtype), v.size)
+                for v, w in zip(values, views)]
+        run = lambda: host_stats_many(jobs)  # noqa: E731
+        if background:
+            self._future = pool().submit(run)
+        else:
+            self._dicts = run()
+
+    def start(self) -> None:
+        """Start reducing a deferred batch (waiting for its evaluation first); otherwise nothing."""
+        if self._deferred is not None:
+            values, views, background = self._deferred
+            self._deferred = None
+            eval_here(views)
+            self._reduce(values, views, background)
+
     def result(self) -> list[dict]:
+        self.start()
         if self._dicts is None:
             if self._cuda is not None:
                 self._dicts = cuda_finish(*self._cuda)
@@ -823,6 +857,12 @@ def finish_many(meta: Sequence[tuple], hi, lo, sums, cnt) -> list[dict]:
     n = np.fromiter((m[0] for m in meta), np.int64, N)
     dmaxes = [dtype_max(dt) for _, dt in meta]
     dmax = np.array([np.nan if d is None else d for d in dmaxes], np.float64)
+    return _finish_rows(n, dmax, hi, lo, sums, cnt)
+
+
+def _finish_rows(n: np.ndarray, dmax: np.ndarray, hi, lo, sums, cnt) -> list[dict]:
+    """:func:`finish_many` given each row's size ``n`` and its dtype's largest finite value
+    ``dmax`` (NaN: not a float dtype)."""
     zeros, fill, nan, pinf, ninf = cnt.T
     c = n - nan - pinf - ninf - fill
     ok = c > 0

@@ -292,7 +292,8 @@ class Trace:
             # evaluated before the pending list is cleared: if mx.eval raises, the ops stay pending
             if self._stats_on:
                 self._inflight.append(([s for s, _, _ in pend],
-                                       _stats.Pending([v for _, v, _ in pend], kept, background=True)))
+                                       _stats.Pending([v for _, v, _ in pend], kept, background=True,
+                                                      defer=not block)))
             elif block:
                 mx.eval(kept)
             else:
@@ -309,6 +310,13 @@ class Trace:
 
     def _sync(self) -> None:
         wait_for_stats([self])
+
+    def start_stats(self) -> None:
+        """Start reducing the statistics of batches :meth:`run` left queued (``block=False``)
+        on the CPU's statistics thread, without waiting for them (a decoding loop calls it
+        once the next forward is queued); on a GPU they are already computing."""
+        for _, p in self._inflight:
+            p.start()
 
     def _hit(self, step: Step) -> bool:
         for bp in self.breakpoints:
