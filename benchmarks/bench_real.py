@@ -84,7 +84,8 @@ def memory_available() -> int:
     return min(x for x in (host, dev) if x) if (host or dev) else 0
 
 
-def bench_tokens(model, ref, ref_name: str, tokens: int, reps: int, clock, attention: str, full: str) -> dict:
+def bench_tokens(model, ref, ref_name: str, tokens: int, reps: int, clock, attention: str, full: str,
+                 hunt: bool = True) -> dict:
     vocab = model.vocab_size
     ids = mx.array([[(7 * i + 3) % vocab for i in range(tokens)]], mx.int32)
     want = ref_logits(ref, ids)[0]
@@ -127,8 +128,11 @@ def bench_tokens(model, ref, ref_name: str, tokens: int, reps: int, clock, atten
             variants["trace-stats-explicit-attn"] = traced("stats", attention="explicit")
         except Exception as e:  # noqa: BLE001 - report why the column is missing, measure the rest
             notes.append(f"explicit attention not measured: {str(e).splitlines()[0][:160]}")
-    variants["stats-f16"] = traced("stats", dtype="float16")
-    variants["hunt-f16"] = hunted
+    if hunt:
+        variants["stats-f16"] = traced("stats", dtype="float16")
+        variants["hunt-f16"] = hunted
+    else:
+        notes.append("float16 hunt not measured (--hunt off)")
     med = interleaved(variants, reps, clock, warmup=1)
     return {"tokens": tokens, "ops": n_ops, "max_abs_diff_vs_reference": diff, "full_capture_bytes": full_bytes,
             "hunt_ops_checked": hunt_ops[0], "notes": notes,
@@ -186,6 +190,9 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=at_least(0), default=50, help="ops stepped one at a time (0: skip)")
     p.add_argument("--full", default="auto", choices=["auto", "on", "off"],
                    help="full capture: auto (where its values fit in half the memory), on, off")
+    p.add_argument("--hunt", default="on", choices=["on", "off"],
+                   help="off: no float16 stats trace and hunt (MLX's quantized expert matmul in float16 is "
+                        "40x slower than float32 on the CPU: a 4-bit MoE hunts for minutes)")
     p.add_argument("--attention", default="default", choices=["default", "explicit"],
                    help="explicit: also a stats trace with explicit attention (scores/softmax steps)")
     p.add_argument("--clock", default="wall", choices=list(CLOCKS))
@@ -217,7 +224,8 @@ def main(argv=None) -> int:
         rows = []
         for t in tokens:
             log(f"{t} tokens: timing {a.reps} interleaved rounds")
-            rows.append(bench_tokens(model, ref, ref_name, t, a.reps, CLOCKS[a.clock], a.attention, a.full))
+            rows.append(bench_tokens(model, ref, ref_name, t, a.reps, CLOCKS[a.clock], a.attention, a.full,
+                                     a.hunt == "on"))
         step = bench_steps(model, tokens[0], a.steps) if a.steps else None
     result = {"shape": a.shape, "dtype": a.dtype, "layers": a.layers or rs.config(a.shape)["text_config"][
         "num_hidden_layers"], "vocab": a.vocab, "checkpoint_bytes": ckpt_bytes, "reference": ref_name,

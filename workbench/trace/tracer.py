@@ -365,7 +365,7 @@ class Trace:
         ``block=False`` (with ``wait=False``): the last evaluation is only queued
         (``mx.async_eval``), so the call returns once the graph is submitted, and reading a
         value or a statistic waits for it (a decoding loop builds the next forward meanwhile).
-        Statistics that need the host (the CPU) are still waited for.
+        Statistics reduced on the host (the CPU) start at :meth:`start_stats` or when read.
         """
         if wait and not block:
             raise TraceError("run(block=False) needs wait=False (waiting for the statistics blocks)")
