@@ -133,7 +133,7 @@ def make_feeds(ids, attention_mask=None, cache: KVCache | None = None,
     ids = _as_ids(ids)
     B, T = ids.shape
     if check_ids and vocab_size is not None and ids.size:
-        lo, hi = mx.min(ids).item(), mx.max(ids).item()
+        lo, hi = mx.stack([mx.min(ids), mx.max(ids)]).tolist()  # (one read back)
         if lo < 0 or hi >= vocab_size:
             raise ValueError(f"token id {hi if hi >= vocab_size else lo} out of range for a vocabulary of {vocab_size}")
     offset = cache.offset if cache is not None else 0

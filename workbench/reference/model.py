@@ -277,7 +277,7 @@ class ReferenceModel(TextCodec):
             raise TraceError("a module-level trace runs the reference's own forward, which takes no padding "
                              "mask: trace sequences of equal length (or one at a time)")
         if check_ids and self.vocab_size is not None and ids.size:
-            lo, hi = int(mx.min(ids).item()), int(mx.max(ids).item())
+            lo, hi = mx.stack([mx.min(ids), mx.max(ids)]).tolist()  # (one read back)
             if lo < 0 or hi >= self.vocab_size:
                 raise ValueError(f"token id {hi if hi >= self.vocab_size else lo} out of range for a "
                                  f"vocabulary of {self.vocab_size}")
