@@ -202,3 +202,24 @@ def test_kernel_fast_path_threshold_catches_fill_and_non_finite():
         assert S.dtype_max(dt) >= th, (dt, th)  # fill, -dtype_max, goes the element path
         assert 8 * th * th < np.finfo(np.float32).max, (dt, th)  # a float32 sum of squares of 8 stays finite
     assert S._FILL_KIND[mx.float16] == 1 and list(S._FILL_KIND.values()).count(1) == 1
+
+
+def test_the_gpu_check_script_holds_the_host_path_to_its_reference(capsys):
+    # benchmarks/check_cuda_stats.py checks the CUDA kernel on a GPU against a float64 numpy
+    # reference; here its reference is held to the host path on the same awkward arrays (so
+    # a wrong reference cannot pass the kernel), and without CUDA it says so with exit 2
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "check_cuda_stats.py"
+    spec = importlib.util.spec_from_file_location("check_cuda_stats", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--host", "--big", "20011"]) == 0
+    assert "0 mismatching" in capsys.readouterr().out
+    if not S.on_cuda():
+        assert mod.main([]) == 2
+    # a reference that counted fill as finite would be caught
+    x = mx.array([1.0, -S.dtype_max(mx.float32), 2.0])
+    r = mod.reference(x)
+    assert r["masked"] == 1 and r["min"] == 1.0 and r["mean"] == 1.5
