@@ -132,6 +132,9 @@ def test_host_statistics_thread_calls_no_mlx(monkeypatch):
     got = p.result()
     assert S.pool().submit(threading.current_thread).result() is not caller  # a thread of its own
     assert used == []
+    deferred = S.Pending(vals, background=True, host=True, defer=True)  # a decoding loop's: queued,
+    deferred.start()  # reduced once started
+    assert deferred.result() == got and used == []
     for v, st in zip(vals, got):
         h = np.array(v.astype(mx.float32)) if v.dtype != mx.int32 else np.array(v).astype(np.float64)
         ref = _ref(h, v.dtype) if v.dtype != mx.int32 else None
@@ -153,15 +156,16 @@ def test_arrays_of_another_thread_fail_with_a_reason():
     err = []
 
     def other():
-        try:
-            S.Pending([lazy], background=False, host=True)
-        except RuntimeError as e:
-            err.append(str(e))
+        for defer in (False, True):
+            try:
+                S.Pending([lazy], background=False, host=True, defer=defer)
+            except RuntimeError as e:
+                err.append(str(e))
 
     t = threading.Thread(target=other)
     t.start()
     t.join()
-    assert len(err) == 1 and "in current thread" in err[0] and "MLX streams belong to threads" in err[0]
+    assert len(err) == 2 and all("in current thread" in e and "MLX streams belong to threads" in e for e in err)
     assert S.evaluate([lazy])[0]["max"] == 8190.0  # on its own thread it evaluates
 
 

@@ -289,11 +289,11 @@ def host_stats_many(jobs: Sequence[tuple]) -> list[dict]:
     return out
 
 
-def eval_here(arrays: Sequence[mx.array]) -> None:
-    """``mx.eval(arrays)``; when they were built on another thread's stream, a RuntimeError
-    that says so (MLX's own message names only the stream)."""
+def eval_here(arrays: Sequence[mx.array], queue: bool = False) -> None:
+    """``mx.eval(arrays)`` (``queue=True``: ``mx.async_eval``); when they were built on another
+    thread's stream, a RuntimeError that says so (MLX's own message names only the stream)."""
     try:
-        mx.eval(arrays)
+        (mx.async_eval if queue else mx.eval)(arrays)
     except RuntimeError as e:
         if "in current thread" not in str(e):
             raise
@@ -332,14 +332,14 @@ class Pending:
         self._deferred = None
         if not values:
             if also:
-                (mx.async_eval if defer else eval_here)(list(also))
+                eval_here(list(also), queue=defer)
             self._dicts = []
             return
         if use_host() if host is None else host:
             # every MLX call on this thread; the background job sees numpy arrays and floats only
             views = [mx.view(v, mx.uint16) if v.dtype == mx.bfloat16 else v for v in values]
             if defer:
-                mx.async_eval(views + list(also))
+                eval_here(views + list(also), queue=True)
                 self._deferred = (values, views, background)
                 return
             eval_here(views + list(also))
