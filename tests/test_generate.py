@@ -138,8 +138,15 @@ def test_batch_and_stop(g4):
     g = workbench.generate(g4, PROMPT, max_tokens=N)
     s = workbench.generate(g4, PROMPT, max_tokens=N, stop=[g.tokens[2]])
     assert s.tokens == g.tokens[:g.tokens.index(g.tokens[2]) + 1]
-    # the forward queued on the stop token (built before the token was read) is dropped
+    # the forward queued on the stop token (built before the token was read) is dropped: its
+    # captured values leave the shared store, and the cache holds the prompt and the tokens fed
     assert len(s.traces) == len(s.tokens) and all(t.steps[-1].stats is not None for t in s.traces)
+    f = workbench.generate(g4, PROMPT, max_tokens=N, stop=[g.tokens[2]], capture="full")
+    k = len(f.tokens)
+    store = f.traces[0].store
+    assert f.tokens == s.tokens and len(store) == k * len(g4.program.ops)
+    assert f"{k}/logits" not in store and f"{k - 1}/logits" in store
+    assert f.traces[-1].ctx.cache.offset == len(PROMPT) + k - 1
 
 
 def test_queued_decoding_equals_one_forward_at_a_time(g4):

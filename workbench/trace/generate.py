@@ -213,8 +213,11 @@ def generate(model, prompt, max_tokens: int = 16, capture="stats", dtype=None, *
             toks = nxt.tolist()
             for b in range(B):
                 out[b].append(toks[b])
-            if ahead is None or (B == 1 and toks[0] in stops):
-                break  # (a forward queued past a stop token is dropped: it made no token)
+            if ahead is None:
+                break
+            if B == 1 and toks[0] in stops:
+                ahead.reset()  # the forward queued on the stop token made no token: its captured
+                break          # values go, and the cache goes back to where it started
             t, nxt = ahead, nxt_ahead
             traces.append(t)
     wait_for_stats(traces)  # (run() left nothing pending: the statistics still computing)

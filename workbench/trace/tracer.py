@@ -42,10 +42,11 @@ from workbench.trace.store import ValueStore
 
 _UNDO_DEPTH = 32
 #: a run without capture on a GPU queues its graph (``mx.async_eval``) at the first layer end
-#: after this many bytes of op outputs: the device computes while Python builds the next
-#: layers, and MLX reuses the freed buffers instead of allocating the whole forward's at once
-#: (E2B, H200, 4096 tokens: 1.05x mlx-lm queued per layer, 1.20x not queued; at 256 and 1024
-#: tokens, queueing every layer cost more than it hid: 1.57x / 1.56x against 1.41x / 1.31x)
+#: after this many bytes of op outputs, so the device computes while Python builds the next
+#: layers (E2B, H200, 4096 tokens: 1.05x mlx-lm queued per layer, 1.20x not queued -- more
+#: than the Python it hides, perhaps MLX allocating a whole forward's buffers at once: not
+#: measured; at 256 and 1024 tokens queueing every layer cost more than it hid: 1.57x /
+#: 1.56x against 1.41x / 1.31x)
 QUEUE_BYTES = 1 << 30
 
 
