@@ -19,11 +19,16 @@ import argparse
 import math
 import sys
 
+from pathlib import Path
+
 import workbench  # noqa: F401  (fast BLAS before mlx.core)
 import mlx.core as mx
 import numpy as np
 
 from workbench.trace import stats
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import at_least  # noqa: E402
 
 
 def reference(x: mx.array) -> dict:
@@ -95,7 +100,8 @@ def cases(big: int) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--big", type=int, default=12_600_000, help="elements of the large arrays")
+    p.add_argument("--big", type=at_least(1024), default=12_600_000,
+                   help="elements of the large arrays (at least 1024; each is held in three dtypes)")
     p.add_argument("--host", action="store_true", help="check the host path (numpy views) instead")
     a = p.parse_args(argv)
     if not a.host and not stats.on_cuda():
