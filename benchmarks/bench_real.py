@@ -226,6 +226,8 @@ def main(argv=None) -> int:
             log(f"{t} tokens: timing {a.reps} interleaved rounds")
             rows.append(bench_tokens(model, ref, ref_name, t, a.reps, CLOCKS[a.clock], a.attention, a.full,
                                      a.hunt == "on"))
+            times = rows[-1]["times"]  # logged at once: a later, longer row may not finish
+            log(f"{t} tokens: " + ", ".join(f"{k} {v['median_s'] * 1e3:.1f} ms" for k, v in times.items()))
         step = bench_steps(model, tokens[0], a.steps) if a.steps else None
     result = {"shape": a.shape, "dtype": a.dtype, "layers": a.layers or rs.config(a.shape)["text_config"][
         "num_hidden_layers"], "vocab": a.vocab, "checkpoint_bytes": ckpt_bytes, "reference": ref_name,

@@ -131,6 +131,7 @@ def test_long_prompts_run_in_chunks_with_the_same_values(ckpts, arch, monkeypatc
     ids = mx.array([[(7 * i) % 250 + 3 for i in range(48)]])
     ref_ctx, ref_logits = _contexts(model, model.program_for("explicit"), ids)
     monkeypatch.setitem(attn_math.CHUNK_BYTES, "cpu", 3 * 2 * 48 * 4)  # ~3 rows of 2 heads
+    _contexts(model, model.program, ids)  # (MLX is asked once per shape whether it fuses the call)
     calls, kernel = [], mx.fast.scaled_dot_product_attention
     monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", lambda q, *a, **k: calls.append(q.shape[2]) or
                         kernel(q, *a, **k))
@@ -290,6 +291,44 @@ def test_hunt_cli_attention_option(ckpts, capsys):
     rc = main(["hunt", path, "--ids", "2,17,99,4", "--attention", " , "])
     err = capsys.readouterr().err
     assert rc == 2 and "--attention is empty" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_call_mlx_fuses_never_runs_in_chunks(ckpts, monkeypatch):
+    """Chunks change the values' last bits (fewer keys a sum) and mlx-lm never chunks: where
+    MLX runs the call in one kernel, a prompt past the chunk size still runs in one call,
+    and its logits equal the unchunked run's bit for bit."""
+    model = workbench.load(ckpts("gemma4_text"))
+    ids = mx.array([[(7 * i) % 250 + 3 for i in range(48)]])
+    want_ctx, want = _contexts(model, model.program, ids)
+    monkeypatch.setitem(attn_math.CHUNK_BYTES, "cpu", 3 * 2 * 48 * 4)
+    monkeypatch.setattr(attn_math, "fused_kernel", lambda q, k, v, mask: True)
+    calls, kernel = [], mx.fast.scaled_dot_product_attention
+    monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", lambda q, *a, **k: calls.append(q.shape[2]) or
+                        kernel(q, *a, **k))
+    got_ctx, got = _contexts(model, model.program, ids)
+    assert calls == [48] * model.num_layers
+    assert mx.array_equal(got, want).item()
+
+
+def test_mlx_cpu_backend_has_no_fused_kernel_so_long_prompts_chunk():
+    """The probe asks MLX itself (a graph of zeros, nothing computed): its CPU backend
+    composes the call (scores inside), so the memory bound applies there."""
+    q = mx.zeros((1, 4, 40, 8))
+    k = mx.zeros((1, 2, 40, 8))
+    assert attn_math.fused_kernel(q, k, k, "causal") is False
+    assert attn_math.fused_kernel(q[:, :, :1], k, k, None) is False
+    assert attn_math.fused_kernel(q, k, k, mx.ones((40, 40), mx.bool_)) is False
+
+
+def test_the_gpu_chunk_size_follows_the_device_memory(monkeypatch):
+    """None (a GPU's default): a 32nd of the device's memory, never under 1 GiB."""
+    monkeypatch.setitem(attn_math.CHUNK_BYTES, "cpu", None)
+    monkeypatch.setattr(mx, "device_info", lambda: {"memory_size": 141 * 2**30})
+    assert attn_math.chunk_bytes() == 141 * 2**30 // 32
+    monkeypatch.setattr(mx, "device_info", lambda: {"memory_size": 8 * 2**30})
+    assert attn_math.chunk_bytes() == 2**30
+    monkeypatch.setitem(attn_math.CHUNK_BYTES, "cpu", 12345)
+    assert attn_math.chunk_bytes() == 12345
 
 
 def test_module_level_models_refuse_explicit_attention(tmp_path):

@@ -4,17 +4,23 @@ kernel call, the explicit scores, the probabilities; and the command lines' ``--
 option (:func:`parse_option`).  Depends on MLX only."""
 from __future__ import annotations
 
+import functools
+import io
+
 import mlx.core as mx
 
 
 #: the attention choices by name (workbench.models.attention: layers may be named too)
 CHOICES = ("fused", "explicit")
 
-#: the most bytes of [B, H, rows, S] float32 scores one kernel call may imply (CPU, GPU):
-#: where MLX has no fused kernel (its CPU backend, some head sizes on a GPU) it computes
-#: them (peak about 5x this), so a long prompt runs in query chunks, one after the other
-#: (rows are independent: the values are the same)
-CHUNK_BYTES = {"cpu": 64 * 2**20, "gpu": 2**30}  # GPU: a 4096-token E2B prompt in one call, as mlx-lm
+#: the most bytes of [B, H, rows, S] float32 scores one kernel call may imply where MLX has
+#: no fused kernel (its CPU backend, some head sizes on a GPU) and computes them inside the
+#: call (peak about 5x this): past it a long prompt runs in query chunks, one after the
+#: other.  Chunks change the values in their last bits (each sums over fewer keys; mlx-lm
+#: never chunks), so on a GPU they start only where memory needs them: None there means a
+#: 32nd of the device's memory, at least 1 GiB (H200: 4.4 GB, so a 4096-token 31B prompt
+#: runs in one call, as mlx-lm's does).  A call MLX fuses never runs in chunks.
+CHUNK_BYTES = {"cpu": 64 * 2**20, "gpu": None}
 
 
 def attention_mask(first: int, rows: int, lo: int, hi: int, window: int | None = None, valid=None):
@@ -61,8 +67,8 @@ def fused_attention(q, k, v, valid, scale: float, window: int | None = None):
     S = k.shape[2]
     first = S - T  # query t is at key position first + t
     valid = real_keys(valid)
-    rows = max(1, CHUNK_BYTES[mx.default_device().type.name] // (B * H * S * 4))
-    if T <= rows:
+    rows = max(1, chunk_bytes() // (B * H * S * 4))
+    if T <= rows or fused_kernel(q, k, v, kernel_mask(first, T, 0, S, window, valid)):
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale,
                                                     mask=kernel_mask(first, T, 0, S, window, valid))
     out = []
@@ -75,6 +81,39 @@ def fused_attention(q, k, v, valid, scale: float, window: int | None = None):
         mask = kernel_mask(first + t, end - t, lo, hi, window, valid)
         out.append(mx.fast.scaled_dot_product_attention(qc, k[:, :, lo:hi], v[:, :, lo:hi], scale=scale, mask=mask))
     return mx.concatenate(out, axis=2)
+
+
+def chunk_bytes() -> int:
+    """:data:`CHUNK_BYTES` on the default device (a GPU's None: a 32nd of its memory)."""
+    dev = mx.default_device().type.name
+    limit = CHUNK_BYTES[dev]
+    if limit is None:
+        try:
+            memory = int(mx.device_info().get("memory_size", 0))
+        except Exception:  # noqa: BLE001 - an MLX without device_info: the floor
+            memory = 0
+        limit = max(2**30, memory // 32)
+    return limit
+
+
+def fused_kernel(q, k, v, mask) -> bool:
+    """Whether MLX runs ``scaled_dot_product_attention`` on these shapes, dtype and mask
+    kind in one kernel on the default device (no [T, S] scores inside the call), rather than
+    its composed fallback: asked once per combination, of a small graph of zeros (nothing
+    is computed)."""
+    m = mask if mask is None or isinstance(mask, str) else (mask.dtype, tuple(mask.shape))
+    return _fused(mx.default_device().type.name, q.dtype, tuple(q.shape), tuple(k.shape), tuple(v.shape), m)
+
+
+@functools.lru_cache(maxsize=256)
+def _fused(device: str, dtype, qs: tuple, ks: tuple, vs: tuple, mask) -> bool:
+    if not (mask is None or isinstance(mask, str)):
+        mask = mx.zeros(mask[1], mask[0])
+    out = mx.fast.scaled_dot_product_attention(mx.zeros(qs, dtype), mx.zeros(ks, dtype), mx.zeros(vs, dtype),
+                                               scale=1.0, mask=mask)
+    dot = io.StringIO()
+    mx.export_to_dot(dot, out)
+    return '"ScaledDotProductAttention"' in dot.getvalue()
 
 
 def attention_scores(q, k, mask, scale: float):
