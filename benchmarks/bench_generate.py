@@ -2,6 +2,7 @@
 
     python benchmarks/bench_generate.py [--tokens 64] [--prompt 16] [--reps 5] [--clock cpu]
                                         [--which op,module] [--temperature 0] [--top-p 1]
+    python benchmarks/bench_generate.py --which op --path CKPT   # e.g. bench_real.py's E2B --path
 
 Two ~45M-parameter checkpoints: the Gemma-4-shaped op-program model of
 benchmarks/bench_forward.py (8 layers, d=512, vocab 8192, PLE, KV sharing) and a phi3
@@ -90,13 +91,20 @@ def main(argv=None) -> int:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--clock", default="wall", choices=list(CLOCKS),
                    help="wall: elapsed time (default); cpu: this process's CPU time, all threads")
+    p.add_argument("--path", type=Path, default=None,
+                   help="generate from this checkpoint instead (an op-program family, e.g. bench_real.py's "
+                        "real-shaped --path): --which must be op")
     a = p.parse_args(argv)
+    if a.path is not None and (a.which != "op" or not (a.path / "config.json").is_file()):
+        p.error(f"--path needs --which op and a checkpoint folder with a config.json, got {a.path}")
     clock = CLOCKS[a.clock]
     sampling = dict(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k)
     for kind in a.which.split(","):
         name = {"op": "gemma4_text (op program)", "module": "phi3 (module level)"}[kind]
         with tempfile.TemporaryDirectory() as d:
-            path = build(kind, Path(d) / kind)
+            path = a.path or build(kind, Path(d) / kind)
+            if a.path:
+                name = f"{path.name} (op program)"
             n, med, same = bench(path, kind, a.tokens, a.prompt, a.reps, clock, sampling)
         print(f"{name}: {n / 1e6:.1f}M params, {a.prompt}-token prompt + {a.tokens} generated, {sampling}, "
               f"device {mx.default_device()}, median of {a.reps}, {a.clock} clock")

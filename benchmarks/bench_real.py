@@ -37,6 +37,7 @@ import workbench  # noqa: F401  (fast BLAS before mlx.core)
 import mlx.core as mx
 
 from workbench import fsio
+from workbench.device_memory import device_memory
 from workbench.trace import stats
 from workbench.zoo import real_shapes as rs
 
@@ -77,10 +78,7 @@ def memory_available() -> int:
     from workbench.trace.entry import available_memory
 
     host = available_memory() or 0
-    try:
-        dev = int(mx.device_info().get("memory_size", 0)) if mx.default_device().type == mx.gpu else 0
-    except Exception:  # noqa: BLE001 - older MLX: no device_info
-        dev = 0
+    dev = device_memory(mx.default_device()) if mx.default_device().type == mx.gpu else 0
     return min(x for x in (host, dev) if x) if (host or dev) else 0
 
 

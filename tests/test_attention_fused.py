@@ -323,8 +323,11 @@ def test_mlx_cpu_backend_has_no_fused_kernel_so_long_prompts_chunk():
 def test_the_gpu_chunk_size_follows_the_device_memory(monkeypatch):
     """None (a GPU's default): a 32nd of the device's memory, never under 1 GiB."""
     monkeypatch.setitem(attn_math.CHUNK_BYTES, "cpu", None)
-    monkeypatch.setattr(mx, "device_info", lambda: {"memory_size": 141 * 2**30})
+    monkeypatch.setattr(attn_math, "device_memory", attn_math.device_memory.__wrapped__)  # uncached here
+    monkeypatch.setattr(mx, "device_info", lambda: {"memory_size": 141 * 2**30})  # Metal's name
     assert attn_math.chunk_bytes() == 141 * 2**30 // 32
+    monkeypatch.setattr(mx, "device_info", lambda: {"total_memory": 150 * 10**9, "free_memory": 1})  # CUDA's
+    assert attn_math.chunk_bytes() == 150 * 10**9 // 32
     monkeypatch.setattr(mx, "device_info", lambda: {"memory_size": 8 * 2**30})
     assert attn_math.chunk_bytes() == 2**30
     monkeypatch.setitem(attn_math.CHUNK_BYTES, "cpu", 12345)

@@ -1,13 +1,15 @@
 """Attention math shared by the model programs (:mod:`workbench.models.builder`) and the
 views that read attention (:mod:`workbench.trace.heads`, the widgets, the hunt): the fused
 kernel call, the explicit scores, the probabilities; and the command lines' ``--attention``
-option (:func:`parse_option`).  Depends on MLX only."""
+option (:func:`parse_option`).  Depends on MLX (and workbench.device_memory) only."""
 from __future__ import annotations
 
 import functools
 import io
 
 import mlx.core as mx
+
+from workbench.device_memory import device_memory
 
 
 #: the attention choices by name (workbench.models.attention: layers may be named too)
@@ -88,11 +90,7 @@ def chunk_bytes() -> int:
     dev = mx.default_device().type.name
     limit = CHUNK_BYTES[dev]
     if limit is None:
-        try:
-            memory = int(mx.device_info().get("memory_size", 0))
-        except Exception:  # noqa: BLE001 - an MLX without device_info: the floor
-            memory = 0
-        limit = max(2**30, memory // 32)
+        limit = max(2**30, device_memory(mx.default_device()) // 32)
     return limit
 
 

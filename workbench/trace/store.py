@@ -11,7 +11,6 @@ space is checked before each spill: a value that would not fit (with a margin) r
 """
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 import weakref
@@ -20,6 +19,7 @@ from collections import OrderedDict
 import mlx.core as mx
 
 from workbench import fsio
+from workbench.device_memory import device_memory
 from workbench.sizes import parse_bytes
 
 #: captured bytes kept in memory when no budget is given, unless the device says it has more
@@ -35,18 +35,7 @@ def default_budget() -> int:
     env = os.environ.get("WORKBENCH_CAPTURE_BUDGET")
     if env:
         return parse_bytes(env, "WORKBENCH_CAPTURE_BUDGET")
-    return max(DEFAULT_BUDGET, _device_memory(mx.default_device()) // 4)
-
-
-@functools.lru_cache(maxsize=4)
-def _device_memory(device) -> int:
-    """Bytes of memory MLX reports for ``device`` (0: none reported), asked once per device
-    (MLX's CUDA backend queries NVML on every call, and every trace makes a store)."""
-    try:
-        info = mx.device_info()  # Metal says memory_size, CUDA total_memory
-        return int(info.get("memory_size") or info.get("total_memory") or 0)
-    except Exception:  # noqa: BLE001 - no device information: the fixed default
-        return 0
+    return max(DEFAULT_BUDGET, device_memory(mx.default_device()) // 4)
 
 
 #: free space left on the spill filesystem after a spill (bytes)
