@@ -20,7 +20,7 @@ CHOICES = ("fused", "explicit")
 #: call (peak about 5x this): past it a long prompt runs in query chunks, one after the
 #: other.  Chunks change the values in their last bits (each sums over fewer keys; mlx-lm
 #: never chunks), so on a GPU they start only where memory needs them: None there means a
-#: 32nd of the device's memory, at least 1 GiB (H200: 4.4 GB, so a 4096-token 31B prompt
+#: 32nd of the device's memory, at least 1 GiB (H200: 4.7 GB, so a 4096-token 31B prompt
 #: runs in one call, as mlx-lm's does).  A call MLX fuses never runs in chunks.
 CHUNK_BYTES = {"cpu": 64 * 2**20, "gpu": None}
 
