@@ -299,13 +299,13 @@ def test_a_call_mlx_fuses_never_runs_in_chunks(ckpts, monkeypatch):
     and its logits equal the unchunked run's bit for bit."""
     model = workbench.load(ckpts("gemma4_text"))
     ids = mx.array([[(7 * i) % 250 + 3 for i in range(48)]])
-    want_ctx, want = _contexts(model, model.program, ids)
+    _, want = _contexts(model, model.program, ids)
     monkeypatch.setitem(attn_math.CHUNK_BYTES, "cpu", 3 * 2 * 48 * 4)
     monkeypatch.setattr(attn_math, "fused_kernel", lambda q, k, v, mask: True)
     calls, kernel = [], mx.fast.scaled_dot_product_attention
     monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", lambda q, *a, **k: calls.append(q.shape[2]) or
                         kernel(q, *a, **k))
-    got_ctx, got = _contexts(model, model.program, ids)
+    _, got = _contexts(model, model.program, ids)
     assert calls == [48] * model.num_layers
     assert mx.array_equal(got, want).item()
 
