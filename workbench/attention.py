@@ -70,9 +70,9 @@ def fused_attention(q, k, v, valid, scale: float, window: int | None = None):
     first = S - T  # query t is at key position first + t
     valid = real_keys(valid)
     rows = max(1, chunk_bytes() // (B * H * S * 4))
-    if T <= rows or fused_kernel(q, k, v, kernel_mask(first, T, 0, S, window, valid)):
-        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale,
-                                                    mask=kernel_mask(first, T, 0, S, window, valid))
+    whole = kernel_mask(first, T, 0, S, window, valid)  # (lazy: never evaluated when chunked)
+    if T <= rows or fused_kernel(q, k, v, whole):
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=whole)
     out = []
     for t in range(0, T, rows):
         end = min(t + rows, T)
