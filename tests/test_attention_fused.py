@@ -20,6 +20,7 @@ from workbench import zoo
 from workbench.program import execute
 from workbench.trace import head_stats, attention_probabilities, inject, patch
 from workbench.trace.entry import check_attention_memory
+from workbench.device_memory import ask_device_memory
 from workbench.trace.step import TraceError
 
 IDS = mx.array([[2, 17, 99, 4, 250, 31, 8, 8, 120, 64, 3, 77, 200, 5, 9, 11, 42, 1, 6, 13, 7, 90, 45, 33]])
@@ -323,7 +324,7 @@ def test_mlx_cpu_backend_has_no_fused_kernel_so_long_prompts_chunk():
 def test_the_gpu_chunk_size_follows_the_device_memory(monkeypatch):
     """None (a GPU's default): a 32nd of the device's memory, never under 1 GiB."""
     monkeypatch.setitem(attn_math.CHUNK_BYTES, "cpu", None)
-    monkeypatch.setattr(attn_math, "device_memory", attn_math.device_memory.__wrapped__)  # uncached here
+    monkeypatch.setattr(attn_math, "device_memory", ask_device_memory)  # uncached here
     monkeypatch.setattr(mx, "device_info", lambda: {"memory_size": 141 * 2**30})  # Metal's name
     assert attn_math.chunk_bytes() == 141 * 2**30 // 32
     monkeypatch.setattr(mx, "device_info", lambda: {"total_memory": 150 * 10**9, "free_memory": 1})  # CUDA's
@@ -435,3 +436,16 @@ def test_bad_query_ranges_are_named(ckpts, bad, match):
     model = workbench.load(ckpts("llama"))
     with pytest.raises(ValueError, match=match):
         model.program_for(bad)
+
+
+def test_device_memory_is_asked_once_per_device(monkeypatch):
+    """MLX makes a new Device object per ``mx.default_device()`` (hashed by identity): the
+    memory is still asked once per device, not once per attention op."""
+    from workbench import device_memory as dm
+
+    calls = []
+    monkeypatch.setattr(dm, "_KNOWN", {})
+    monkeypatch.setattr(mx, "device_info", lambda: calls.append(1) or {"total_memory": 123})
+    assert mx.default_device() is not mx.default_device()
+    assert [dm.device_memory(mx.default_device()) for _ in range(5)] == [123] * 5
+    assert len(calls) == 1

@@ -10,6 +10,7 @@ import mlx.core as mx
 from workbench.program import Op, Program, execute
 from workbench.trace import NONFINITE, Trace, TraceError, inject, patch
 from workbench.trace import stats as S
+from workbench.device_memory import ask_device_memory
 
 
 class Ctx:
@@ -319,7 +320,7 @@ def test_default_capture_budget_follows_the_device(monkeypatch):
     from workbench.trace import store as store_mod
 
     monkeypatch.delenv("WORKBENCH_CAPTURE_BUDGET", raising=False)
-    monkeypatch.setattr(store_mod, "device_memory", store_mod.device_memory.__wrapped__)  # uncached here
+    monkeypatch.setattr(store_mod, "device_memory", ask_device_memory)  # uncached here
     monkeypatch.setattr(store_mod.mx, "device_info", lambda: {"memory_size": 141 * 2**30})
     assert store_mod.ValueStore().budget == 141 * 2**30 // 4  # a GPU: a quarter of its memory
     monkeypatch.setattr(store_mod.mx, "device_info", lambda: {"total_memory": 80 * 2**30, "free_memory": 1})
