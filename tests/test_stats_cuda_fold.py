@@ -223,3 +223,23 @@ def test_the_gpu_check_script_holds_the_host_path_to_its_reference(capsys):
     x = mx.array([1.0, -S.dtype_max(mx.float32), 2.0])
     r = mod.reference(x)
     assert r["masked"] == 1 and r["min"] == 1.0 and r["mean"] == 1.5
+
+
+@pytest.mark.parametrize("sizes", [
+    [], [5], [1] * 300, [10] * 129 + [S._SMALL + 1] * 70, [S._SMALL] * 3 + [10**7] * 33,
+    sorted([1, 17, S._SMALL, S._SMALL + 1, 2**24] * 40),
+])
+def test_chunks_cover_every_output_once_within_the_kernel_limits(sizes):
+    bounds = S.chunk_bounds(sizes)
+    covered = [i for lo, hi in bounds for i in range(lo, hi)]
+    assert covered == list(range(len(sizes)))
+    for lo, hi in bounds:
+        assert hi > lo
+        chunk = sizes[lo:hi]
+        if max(chunk) <= S._SMALL:
+            assert len(chunk) <= S._K_SMALL
+        else:
+            assert len(chunk) <= S._K and min(chunk) > S._SMALL  # a large output never rides with small ones
+    # small outputs fill their kernels: no two consecutive chunks of small ones both short
+    small = [(lo, hi) for lo, hi in bounds if max(sizes[lo:hi]) <= S._SMALL]
+    assert all(hi - lo == S._K_SMALL for lo, hi in small[:-1])
