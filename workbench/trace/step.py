@@ -2,8 +2,6 @@
 the trace's error."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from workbench.dtypes import dtype_name
 from workbench.stats_schema import nonfinite_count
 from workbench.trace import stats as _stats
@@ -11,19 +9,56 @@ from workbench.trace import stats as _stats
 #: the breakpoint that stops at the first op with a NaN or an infinity in its output
 NONFINITE = "nonfinite"
 
-@dataclass
-class Step:
-    """What one executed op did."""
+_FIELDS = ("name", "kind", "layer", "index", "input_shapes", "output_shape", "dtype", "stats", "intervened")
 
-    name: str
-    kind: str
-    layer: int | None
-    index: int
-    input_shapes: tuple
-    output_shape: tuple
-    dtype: str
-    stats: dict | None = None
-    intervened: tuple = ()
+
+class Step:
+    """What one executed op did: ``name``, ``kind``, ``layer``, ``index``, ``input_shapes``,
+    ``output_shape``, ``dtype``, ``stats`` (a dict, or None: not captured) and ``intervened``
+    (the labels of the interventions applied).
+
+    A trace makes one per op on its hot path, so it is a slotted class, and its statistics
+    may arrive folded with a whole forward's (:class:`workbench.trace.stats.Rows`): the
+    dict is then made when ``stats`` is first read."""
+
+    __slots__ = ("name", "kind", "layer", "index", "input_shapes", "output_shape", "dtype", "intervened",
+                 "_stats", "_row")
+
+    def __init__(self, name: str, kind: str, layer: int | None, index: int, input_shapes: tuple,
+                 output_shape: tuple, dtype: str, stats: dict | None = None, intervened: tuple = ()):
+        self.name = name
+        self.kind = kind
+        self.layer = layer
+        self.index = index
+        self.input_shapes = input_shapes
+        self.output_shape = output_shape
+        self.dtype = dtype
+        self._stats = stats
+        self._row = None
+        self.intervened = intervened
+
+    @property
+    def stats(self) -> dict | None:
+        if self._row is not None:
+            rows, j = self._row
+            self._stats, self._row = rows[j], None
+        return self._stats
+
+    @stats.setter
+    def stats(self, value: dict | None) -> None:
+        self._stats, self._row = value, None
+
+    def stats_from(self, rows, j: int) -> None:
+        """Take row ``j`` of ``rows`` (a sequence of stats dicts) as the statistics, read when
+        first asked for."""
+        self._stats, self._row = None, (rows, j)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Step):
+            return NotImplemented
+        return all(getattr(self, f) == getattr(other, f) for f in _FIELDS)
+
+    __hash__ = None  # (mutable, compared by value)
 
     @property
     def nonfinite(self) -> bool:

@@ -711,7 +711,11 @@ def wait_for_stats(traces) -> None:
     batches = [(t, steps, p) for t in traces for steps, p in t._inflight]
     if batches:
         for (_, steps, _), res in zip(batches, _stats.results([p for _, _, p in batches])):
-            for s, st in zip(steps, res):
-                s.stats = st
+            if isinstance(res, _stats.Rows):  # (folded columns: each dict made when first read)
+                for j, s in enumerate(steps):
+                    s.stats_from(res, j)
+            else:
+                for s, st in zip(steps, res):
+                    s.stats = st
     for t in traces:
         t._inflight.clear()
