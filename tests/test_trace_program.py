@@ -335,3 +335,72 @@ def test_default_capture_budget_follows_the_device(monkeypatch):
     monkeypatch.setenv("WORKBENCH_CAPTURE_BUDGET", "lots")
     with pytest.raises(ValueError, match="WORKBENCH_CAPTURE_BUDGET"):
         store_mod.ValueStore()
+
+
+def _with_heads():
+    """The test program with a ``heads`` op (a reshape and transpose of layers.1.proj) read by
+    one more op."""
+    heads = Op("layers.1.heads", "heads", lambda c, h: h.reshape(3, 4, 4).transpose(1, 0, 2), ("layers.1.proj",),
+               (), 1)
+    back = Op("layers.1.merge", "add", lambda c, h, r: r + h.transpose(1, 0, 2).reshape(3, 16) * 0.5,
+              ("layers.1.heads", "layers.1"), (), 1)
+    return [heads, back]
+
+
+def test_a_rearranging_op_shares_its_inputs_statistics_unreduced(monkeypatch):
+    """A ``heads`` op holds its input's values rearranged: its statistics are its input's
+    (exactly those a reduction of its own output gives), and its output is not reduced again."""
+    reduced = []
+
+    class Counting(S.Pending):
+        def __init__(self, values, *a, **k):
+            reduced.append(len(values))
+            super().__init__(values, *a, **k)
+
+    t, _ = new_trace(_with_heads(), capture="full")
+    t.run()
+    own = S.evaluate([t.value("layers.1.heads")])[0]
+    monkeypatch.setattr(S, "Pending", Counting)
+    ts, _ = new_trace(_with_heads(), capture="stats")
+    ts.run()
+    assert sum(reduced) == len(ts.ops) - 1  # every output but the heads op's
+    h = next(s for s in ts.steps if s.name == "layers.1.heads")
+    src = next(s for s in ts.steps if s.name == "layers.1.proj")
+    assert h.stats == src.stats
+    for k in ("min", "max", "absmax", "nan", "posinf", "neginf", "masked", "zero_frac"):
+        assert h.stats[k] == own[k], k
+    assert math.isclose(h.stats["mean"], own["mean"], rel_tol=1e-5, abs_tol=1e-7)
+    assert math.isclose(h.stats["std"], own["std"], rel_tol=1e-5)
+    # full capture reduces every output (the value is kept anyway) and agrees
+    hf = next(s for s in t.steps if s.name == "layers.1.heads")
+    assert hf.stats["max"] == h.stats["max"] and hf.stats["min"] == h.stats["min"]
+
+
+def test_an_intervened_or_stepped_rearranging_op_gets_its_own_statistics():
+    t, _ = new_trace(_with_heads(), capture="stats", interventions={"layers.1.heads": lambda v: v * 3.0})
+    t.run()
+    h = next(s for s in t.steps if s.name == "layers.1.heads")
+    src = next(s for s in t.steps if s.name == "layers.1.proj")
+    assert h.intervened
+    assert math.isclose(h.stats["absmax"], 3.0 * src.stats["absmax"], rel_tol=1e-6)
+    # stepping: each step's statistics are there as soon as it ran, the heads op's too
+    t2, _ = new_trace(_with_heads(), capture="stats")
+    while not t2.done:
+        s = t2.step()
+        assert s.stats is not None, s.name
+        if s.name == "layers.1.heads":
+            assert s.stats == t2.steps[t2.program.index("layers.1.proj")].stats
+    # a predicate breakpoint reads the shared statistics
+    t3, _ = new_trace(_with_heads(), capture="stats", breakpoints=lambda s: s.kind == "heads" and s.stats["absmax"] > 0)
+    assert t3.run().name == "layers.1.heads"
+
+
+def test_a_rearranging_op_run_before_statistics_were_on_is_not_given_none():
+    """Statistics switched on mid-trace (a NONFINITE breakpoint after an uncaptured part):
+    an op rearranging an output reduced before that is reduced itself."""
+    t, _ = new_trace(_with_heads(), capture=None)
+    t.run(until="layers.1.proj")
+    t.add_breakpoint(NONFINITE)
+    t.run()
+    h = next(s for s in t.steps if s.name == "layers.1.heads")
+    assert h.stats is not None and h.stats["absmax"] > 0
