@@ -281,23 +281,3 @@ def test_run_queued_without_blocking_gives_the_same_trace(g4):
     assert t.done
     assert np.array_equal(np.array(t.logits), np.array(want.logits))
     assert [s.stats for s in t.steps] == [s.stats for s in want.steps]
-
-
-@pytest.mark.parametrize("dtype", [None, "float16"])
-def test_head_split_ops_share_their_projections_statistics(g4_bf16, dtype):
-    """q/k/v_heads hold their projection's values rearranged: a stats trace gives them the
-    projection's statistics, equal to what a full capture reduces from their own values."""
-    stats = workbench.trace(g4_bf16, IDS, dtype=dtype)
-    stats.run()
-    full = workbench.trace(g4_bf16, IDS, capture="full", dtype=dtype)
-    full.run()
-    heads = [s for s in stats.steps if s.kind == "heads"]
-    assert heads
-    by_name = {s.name: s for s in full.steps}
-    for s in heads:
-        src = stats.steps[g4_bf16.program.index(g4_bf16.program[s.name].inputs[0])]
-        assert s.stats == src.stats
-        own = by_name[s.name].stats
-        for k in ("min", "max", "absmax", "nan", "posinf", "neginf", "masked", "zero_frac"):
-            assert s.stats[k] == own[k], (s.name, k)
-        np.testing.assert_allclose([s.stats["mean"], s.stats["std"]], [own["mean"], own["std"]], rtol=1e-5, atol=1e-7)

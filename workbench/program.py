@@ -35,9 +35,6 @@ import mlx.core as mx
 
 #: what follows a param's module path in the names of the tensors it stands for
 TENSOR_SUFFIXES = ("weight", "scales", "biases", "bias", "global_scale")
-#: op kinds whose output is their one input's elements rearranged (a reshape and a transpose:
-#: ``heads``), so it holds the same values and has the same statistics
-PERMUTATION_KINDS = frozenset({"heads"})
 
 
 @dataclass(frozen=True)

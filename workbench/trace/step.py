@@ -53,13 +53,6 @@ class Step:
         first asked for."""
         self._stats, self._row = None, (rows, j)
 
-    def share_stats(self, other: "Step") -> None:
-        """Take ``other``'s statistics (this op's output is ``other``'s values rearranged)."""
-        if other._row is not None:
-            self.stats_from(*other._row)
-        else:
-            self.stats = other._stats
-
     def __eq__(self, other) -> bool:
         if not isinstance(other, Step):
             return NotImplemented

@@ -33,7 +33,7 @@ import numpy as np
 
 from workbench.nogc import no_gc
 from workbench.progress import start as start_progress
-from workbench.program import PERMUTATION_KINDS, Program, name_matches
+from workbench.program import Program, name_matches
 from workbench.trace import stats as _stats
 from workbench.trace.interventions import Intervention, normalize as _norm_iv
 from workbench.trace.snapshots import clone, restore, snapshot
@@ -104,10 +104,6 @@ class Trace:
         self._last_name = program.ops[-1].name
         self._frees = program.frees()
         self._program_layer_ends = program.layer_ends()
-        #: op index -> the index of the op whose output it rearranges (PERMUTATION_KINDS): its
-        #: statistics are that op's, not reduced again (E2B: 105 of a decoding step's 916 outputs)
-        self._same_values = {i: program.index(op.inputs[0]) for i, op in enumerate(program.ops)
-                             if op.kind in PERMUTATION_KINDS and len(op.inputs) == 1 and op.inputs[0] in program}
         self._release = getattr(model, "release_weights", None)
         if memory_budget is None and store is None:
             memory_budget = getattr(model, "capture_budget", None)
@@ -143,7 +139,6 @@ class Trace:
 
     # ------------------------------------------------------------------ setup
     def _set_capture(self, capture):
-        self._stats_from = 0  # the first op whose statistics are computed (see _exec)
         if capture is None or capture == "none":
             self.capture, self._stats_on, self._keep = None, False, frozenset()
         elif capture == "stats":
@@ -164,8 +159,6 @@ class Trace:
         self._pending: list = []
         self._pending_bytes = 0
         self._inflight: list = []
-        #: (step, index of the step whose statistics it shares), given them at the next sync
-        self._shared: list = []
         self.position = 0
 
     def add_breakpoint(self, bp) -> None:
@@ -270,14 +263,8 @@ class Trace:
             self._steps.append(step)
             keep = op.name in self._keep
             if self._stats_on or keep:
-                src = self._same_values.get(i)
-                if src is not None and src >= self._stats_from and not keep and not labels:
-                    # the same values as op src's output, whose statistics are being computed
-                    self._pending.append((step, out, None))
-                    self._shared.append((step, src))
-                else:
-                    self._pending.append((step, out, keep))
-                    self._pending_bytes += out.nbytes
+                self._pending.append((step, out, keep))
+                self._pending_bytes += out.nbytes
         if i in self._ends:
             self._segment_end(i)
         return step
@@ -301,14 +288,13 @@ class Trace:
         (``mx.async_eval``) and this returns at once."""
         pend = self._pending
         if pend:
-            # keep None: an output that shares another op's statistics, evaluated with the batch
-            kept = [v for _, v, k in pend if k is not False]
+            kept = [v for _, v, k in pend if k]
             kept.extend(also)
             # evaluated before the pending list is cleared: if mx.eval raises, the ops stay pending
             if self._stats_on:
-                self._inflight.append(([s for s, _, k in pend if k is not None],
-                                       _stats.Pending([v for _, v, k in pend if k is not None], kept,
-                                                      background=True, defer=not block)))
+                self._inflight.append(([s for s, _, _ in pend],
+                                       _stats.Pending([v for _, v, _ in pend], kept, background=True,
+                                                      defer=not block)))
             elif block:
                 mx.eval(kept)
             else:
@@ -316,7 +302,7 @@ class Trace:
             self._pending = []
             self._pending_bytes = 0
             for step, v, keep in pend:
-                if keep:  # (not None: shared statistics, no value kept)
+                if keep:
                     self._store.put(self._prefix + step.name, v)
         elif also:
             (mx.eval if block else mx.async_eval)(list(also))
@@ -409,7 +395,6 @@ class Trace:
         spec = self._needs_stats_for_breaks()
         if spec and not self._stats_on:
             self._stats_on = True  # predicates and NONFINITE need statistics
-            self._stats_from = self.position
         name_bps = [b for b in self.breakpoints if isinstance(b, str) and b != NONFINITE]
         # without statistics on a GPU the graph is queued at layer ends, every QUEUE_BYTES of
         # outputs (mx.async_eval): the device computes while Python builds the next layers;
@@ -625,8 +610,7 @@ class Trace:
             return None
         saved_bps, saved_stats = list(self.breakpoints), self._stats_on
         self.breakpoints = [NONFINITE]
-        if not self._stats_on:
-            self._stats_on, self._stats_from = True, self.position
+        self._stats_on = True
         try:
             s = self.run()
         finally:
@@ -735,6 +719,3 @@ def wait_for_stats(traces) -> None:
                     s.stats = st
     for t in traces:
         t._inflight.clear()
-        for s, src in t._shared:
-            s.share_stats(t._steps[src])
-        t._shared.clear()
