@@ -243,3 +243,45 @@ def test_chunks_cover_every_output_once_within_the_kernel_limits(sizes):
     # small outputs fill their kernels: no two consecutive chunks of small ones both short
     small = [(lo, hi) for lo, hi in bounds if max(sizes[lo:hi]) <= S._SMALL]
     assert all(hi - lo == S._K_SMALL for lo, hi in small[:-1])
+
+
+def test_rows_make_each_dict_once_and_views_share_them():
+    vals = _vals(mx.float32)
+    mx.eval(vals)
+    meta = [(v.size, v.dtype) for v in vals]
+    order = [i for i, v in enumerate(vals) if v.size]
+    rows = S.fold_slots(meta, _words([vals[i] for i in order]), order)
+    assert isinstance(rows, S.Rows) and len(rows) == len(vals)
+    _close(S.evaluate(vals, host=True), list(rows))
+    assert rows[1] is rows[1] and rows[-1] is rows[len(vals) - 1]
+    view = rows.view(2, 3)
+    assert len(view) == 3 and view[0] is rows[2] and view[2] is rows[4] and view[1:] == [rows[3], rows[4]]
+    assert rows[4] == S.finish(None, 0, mx.float32)  # the empty output
+    with pytest.raises(IndexError):
+        view[3]
+
+
+def test_steps_take_their_rows_when_first_read():
+    """A trace's CUDA-made batch: wait_for_stats hands each step its row; the dict is the
+    folded one, made on first read, and setting stats afterwards replaces it."""
+    from workbench.program import Op, Program
+    from workbench.trace import Trace
+    from workbench.trace.tracer import wait_for_stats
+
+    vals = _vals(mx.bfloat16)
+    vals = [v for v in vals if v.size]
+    mx.eval(vals)
+    ops = [Op(f"v{i}", "const", (lambda v: lambda c, x: v)(v), ("x",)) for i, v in enumerate(vals)]
+    t = Trace(Program(ops, inputs=("x",)), None, {"x": mx.zeros(1)}, capture=None)
+    t.run()
+    meta = [(v.size, v.dtype) for v in vals]
+    order = list(range(len(vals)))[::-1]
+    parts = [mx.array(_words([vals[i] for i in order]))]
+    t._inflight.append((t.steps, S.Pending.slots(meta, parts, order)))
+    wait_for_stats([t])
+    want = S.evaluate(vals, host=True)
+    steps = t.steps
+    _close(want, [s.stats for s in steps])
+    assert steps[0].stats["nan"] == 3 and steps[0] == steps[0]
+    steps[1].stats = {"max": 1.0}
+    assert steps[1].stats == {"max": 1.0}
