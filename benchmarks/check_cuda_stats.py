@@ -7,13 +7,14 @@ does not, 2 without a CUDA device).
 
 The arrays: NaN, +-Inf, mask fill (each dtype's lowest finite value), float32, float16,
 bfloat16, int and bool, transposed, strided, broadcast and misaligned views, a scalar, an
-empty array, 300 small arrays (a decoding step's: many a kernel), large arrays (the 16-byte vector path with its unrolled loop and tail), values
-past 1e18 and 1e25, float16's largest finite values beside its fill.  Counts, min and max
+empty array, 300 small arrays (a decoding step's: many a kernel), large arrays (the 16-byte
+vector path with its unrolled loop and tail), values past 1e18 and 1e25, float16's largest
+finite values beside its fill.  Counts, min and max
 must be equal; the standard deviation within 1e-6 relative and the mean within 1e-6 of the
 larger of itself and the standard deviation (the kernel sums 8 elements in float32, then in
 float64 with atomics, so the last bits depend on the order the blocks finish in, and a mean
-near 0 keeps the sums' error, not a relative one); ``--host``
-checks the host path (numpy views, float32 BLAS sums: 1e-4) the same way.
+near 0 keeps the sums' error, not a relative one); ``--host`` checks the host path (numpy
+views, float32 BLAS sums: 1e-4) the same way.
 """
 from __future__ import annotations
 
