@@ -277,7 +277,7 @@ def test_steps_take_their_rows_when_first_read():
     meta = [(v.size, v.dtype) for v in vals]
     order = list(range(len(vals)))[::-1]
     parts = [mx.array(_words([vals[i] for i in order]))]
-    t._inflight.append((t.steps, S.Pending.slots(meta, parts, order)))
+    t._inflight.append((0, len(vals), S.Pending.slots(meta, parts, order)))
     wait_for_stats([t])
     want = S.evaluate(vals, host=True)
     steps = t.steps

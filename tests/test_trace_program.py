@@ -335,3 +335,36 @@ def test_default_capture_budget_follows_the_device(monkeypatch):
     monkeypatch.setenv("WORKBENCH_CAPTURE_BUDGET", "lots")
     with pytest.raises(ValueError, match="WORKBENCH_CAPTURE_BUDGET"):
         store_mod.ValueStore()
+
+
+def test_step_records_are_made_when_read(monkeypatch):
+    """run() records shapes and dtypes; a Step is made when something reads it, with the
+    statistics of its batch whenever they arrive, and equals the one stepping makes."""
+    import workbench.trace.tracer as tracer_mod
+
+    made = []
+
+    class Counting(tracer_mod.Step):
+        __slots__ = ()
+
+        def __init__(self, *a, **k):
+            made.append(a[0])
+            super().__init__(*a, **k)
+
+    monkeypatch.setattr(tracer_mod, "Step", Counting)
+    t, _ = new_trace(capture="stats")
+    last = t.run(wait=False)  # the statistics may still be computing
+    assert made == ["logits"] and last.name == "logits" and last.index == len(t) - 1
+    st = t.stats("layers.0.proj")
+    assert made == ["logits", "layers.0.proj"] and st["nan"] == 0
+    steps = t.steps
+    assert sorted(made) == sorted(t.ops) and steps[-1] is last and last.stats is not None
+    ref, _ = new_trace(capture="stats")
+    stepped = [ref.step() for _ in range(len(ref))]
+    assert steps == stepped  # names, kinds, layers, input and output shapes, dtypes, stats
+    assert steps[3].input_shapes == ((3, 16), (3, 16)) and steps[0].input_shapes == ((3, 8),)
+    # going back forgets the records past the point, and running again makes them anew
+    t.back()
+    t.back()
+    assert len(t.steps) == len(t) - 2 and t.position == len(t) - 2
+    assert t.run().name == "logits" and t.steps == stepped

@@ -89,7 +89,7 @@ class ModuleTrace(Trace):
             self.run(until=self.program.ops[pos - 1].name)
 
     # -- what a step read
-    def _input_shapes(self, i: int, args) -> tuple:
+    def _input_shapes(self, i: int) -> tuple:
         return tuple(a.shape for a in self.ctx.args[i] if isinstance(a, mx.array))
 
     def inputs(self, name: str) -> list[tuple[str, mx.array]]:

@@ -17,9 +17,10 @@ class Step:
     ``output_shape``, ``dtype``, ``stats`` (a dict, or None: not captured) and ``intervened``
     (the labels of the interventions applied).
 
-    A trace makes one per op on its hot path, so it is a slotted class, and its statistics
-    may arrive folded with a whole forward's (:class:`workbench.trace.stats.Rows`): the
-    dict is then made when ``stats`` is first read."""
+    A trace makes one when it is first read (its hot path records only the output's shape
+    and dtype), as a slotted class, and its statistics may arrive folded with a whole
+    forward's (:class:`workbench.trace.stats.Rows`): the dict is then made when ``stats`` is
+    first read."""
 
     __slots__ = ("name", "kind", "layer", "index", "input_shapes", "output_shape", "dtype", "intervened",
                  "_stats", "_row")

@@ -154,7 +154,14 @@ class Trace:
 
     def _reset_state(self):
         self._env: dict[str, mx.array] = dict(self._feeds)
-        self._steps: list[Step] = []
+        # what ran, per op index (ops 0 .. position - 1): output shape and dtype, recorded on
+        # the hot path; the Step records are made from them when first read (:meth:`_step_at`)
+        self._shapes: list[tuple] = []
+        self._dtypes: list = []
+        self._labels: dict[int, tuple] = {}  # (ops intervened on only)
+        self._made: dict[int, Step] = {}
+        #: (first, stop, stats rows) of every statistics batch that arrived (op indices first..stop-1)
+        self._rows: list[tuple] = []
         self._undo: OrderedDict[int, dict] = OrderedDict()
         self._pending: list = []
         self._pending_bytes = 0
@@ -195,7 +202,51 @@ class Trace:
     def steps(self) -> list[Step]:
         """The executed steps, in order."""
         self._flush(wait=True)
-        return list(self._steps)
+        return self._steps
+
+    # ------------------------------------------------------------------ step records
+    # A forward records an op's output shape and dtype as it runs; its Step is made when
+    # something reads it (a decoding loop's hundreds of steps per token are mostly never read,
+    # and on a GPU the host's Python per op is what the device waits for).
+    @property
+    def _steps(self) -> list[Step]:
+        """Every executed step, in order (made now where not made yet)."""
+        return [self._step_at(i) for i in range(len(self._shapes))]
+
+    def _step_at(self, i: int) -> Step:
+        s = self._made.get(i)
+        if s is None:
+            op = self._ops[i]
+            s = self._made[i] = Step(op.name, op.kind, op.layer, i, self._input_shapes(i), self._shapes[i],
+                                     dtype_str(self._dtypes[i]), None, self._labels.get(i, ()))
+            for a, b, rows in reversed(self._rows):
+                if a <= i < b:
+                    s.stats_from(rows, i - a)
+                    break
+        return s
+
+    def _last_step(self) -> Step | None:
+        return self._step_at(len(self._shapes) - 1) if self._shapes else None
+
+    def _truncate(self, n: int) -> None:
+        """Forget the records of ops n and later (they will run again)."""
+        for i in range(n, len(self._shapes)):
+            self._made.pop(i, None)
+            self._labels.pop(i, None)
+        del self._shapes[n:]
+        del self._dtypes[n:]
+        self._rows = [(a, min(b, n), r) for a, b, r in self._rows if a < n]
+
+    def _take_rows(self, first: int, stop: int, rows) -> None:
+        """Statistics rows for ops first..stop-1 arrived (rows[j] is op first + j's)."""
+        self._rows.append((first, stop, rows))
+        made = self._made
+        if made:  # steps already read (run()'s last one, stepping) take theirs now
+            idx = range(first, stop) if stop - first < len(made) else [i for i in made if first <= i < stop]
+            for i in idx:
+                s = made.get(i)
+                if s is not None:
+                    s.stats_from(rows, i - first)
 
     @property
     def dtype(self):
@@ -218,10 +269,12 @@ class Trace:
     #: values already intervened on (module recording) turns this off
     applies_interventions = True
 
-    def _input_shapes(self, i: int, args) -> tuple:
-        return tuple([a.shape for a in args])
+    def _input_shapes(self, i: int) -> tuple:
+        """The shapes op ``i`` read (its inputs: feeds, or earlier ops' recorded outputs)."""
+        feeds, shapes, index = self._feeds, self._shapes, self.program.index
+        return tuple([feeds[s].shape if s in feeds else shapes[index(s)] for s in self._ops[i].inputs])
 
-    def _exec(self, i: int, record: bool = True) -> Step | None:
+    def _exec(self, i: int, record: bool = True) -> None:
         op = self._ops[i]
         env = self._env
         try:
@@ -256,18 +309,17 @@ class Trace:
             for s in self._frees[i]:
                 env.pop(s, None)
         self.position = i + 1
-        step = None
         if record:
-            step = Step(op.name, op.kind, op.layer, i, self._input_shapes(i, args),
-                        out.shape, dtype_str(out.dtype), None, labels)
-            self._steps.append(step)
+            self._shapes.append(out.shape)
+            self._dtypes.append(out.dtype)
+            if labels:
+                self._labels[i] = labels
             keep = op.name in self._keep
             if self._stats_on or keep:
-                self._pending.append((step, out, keep))
+                self._pending.append((i, out, keep))
                 self._pending_bytes += out.nbytes
         if i in self._ends:
             self._segment_end(i)
-        return step
 
     def _segment_end(self, i: int) -> None:
         """Streaming: evaluate what is live (pending statistics and captures with it), then
@@ -292,18 +344,21 @@ class Trace:
             kept.extend(also)
             # evaluated before the pending list is cleared: if mx.eval raises, the ops stay pending
             if self._stats_on:
-                self._inflight.append(([s for s, _, _ in pend],
-                                       _stats.Pending([v for _, v, _ in pend], kept, background=True,
-                                                      defer=not block)))
+                first, stop = pend[0][0], pend[-1][0] + 1
+                if stop - first != len(pend):  # pragma: no cover - every op run is pending while stats are on
+                    raise TraceError(f"internal: a statistics batch of {len(pend)} ops spans ops {first}..{stop - 1}")
+                self._inflight.append((first, stop, _stats.Pending([v for _, v, _ in pend], kept, background=True,
+                                                                   defer=not block)))
             elif block:
                 mx.eval(kept)
             else:
                 mx.async_eval(kept)
             self._pending = []
             self._pending_bytes = 0
-            for step, v, keep in pend:
+            ops = self._ops
+            for i, v, keep in pend:
                 if keep:
-                    self._store.put(self._prefix + step.name, v)
+                    self._store.put(self._prefix + ops[i].name, v)
         elif also:
             (mx.eval if block else mx.async_eval)(list(also))
         if wait:
@@ -316,7 +371,7 @@ class Trace:
         """Start reducing the statistics of batches :meth:`run` left queued (``block=False``)
         on the CPU's statistics thread, without waiting for them (a decoding loop calls it
         once the next forward is queued); on a GPU they are already computing."""
-        for _, p in self._inflight:
+        for _, _, p in self._inflight:
             p.start()
 
     def _hit(self, step: Step) -> bool:
@@ -351,11 +406,13 @@ class Trace:
         """Run the next op, evaluate it, and return its :class:`Step`."""
         if self.done:
             raise TraceError("the trace is done (every op ran); use back() or a new trace")
-        step = self._exec(self.position)
+        i = self.position
+        self._exec(i)
         self._flush(wait=True)
-        if not self._stats_on and step.name not in self._keep:
-            mx.eval(self._env[step.name])
-        return step
+        name = self._ops[i].name
+        if not self._stats_on and name not in self._keep:
+            mx.eval(self._env[name])
+        return self._step_at(i)
 
     def run(self, until: str | None = None, *, wait: bool = True, block: bool = True) -> Step | None:
         """Run to the end, or through the op named ``until``, stopping early at a breakpoint.
@@ -401,25 +458,28 @@ class Trace:
         # with statistics, their batches go by size (flush_bytes), queued on a GPU as well
         layer_ends = self._program_layer_ends if self._queue_layers() else ()
         queued = 0  # output bytes since the graph was last queued
-        last = None
+        ran = False
         evaluated = False
+        ops = self._ops
         while self.position < end:
             start = self.position
             snap = (dict(self._env), snapshot(getattr(self.ctx, "cache", None))) if spec else None
             name_stop = None
             at_layer_end = False
             while self.position < end:
-                step = self._exec(self.position)
-                last = step
-                if name_bps and any(name_matches(step.name, b) for b in name_bps):
-                    name_stop = step
+                i = self.position
+                self._exec(i)
+                ran = True
+                name = ops[i].name
+                if name_bps and any(name_matches(name, b) for b in name_bps):
+                    name_stop = i
                     break
                 if self._pending_bytes >= self.flush_bytes:
                     break
                 if layer_ends:
-                    v = self._env.get(step.name)
+                    v = self._env.get(name)
                     queued += v.nbytes if v is not None else 0
-                    if queued >= QUEUE_BYTES and step.index in layer_ends:
+                    if queued >= QUEUE_BYTES and i in layer_ends:
                         at_layer_end = True
                         queued = 0
                         break
@@ -427,29 +487,30 @@ class Trace:
             also = [self._env[self._last_name]] if self.done else []
             queue = at_layer_end and self.position < end and not spec and name_stop is None
             if queue and not self._stats_on:
-                also = [self._env[last.name]]
+                also = [self._env[ops[self.position - 1].name]]
             queue = queue or (not block and self.position >= end and not spec and name_stop is None)
             self._flush(wait=spec, also=also, block=not queue)
             evaluated = bool(also) and self.done
             if spec:
-                for s in self._steps[start:]:
+                for j in range(start, self.position):
+                    s = self._step_at(j)
                     if self._hit(s):
-                        if s.index < self.position - 1:
-                            self._rewind(snap, start, s.index)
+                        if j < self.position - 1:
+                            self._rewind(snap, start, j)
                         return s
             if name_stop is not None:
                 self._sync()
-                return name_stop
+                return self._step_at(name_stop)
         if self.done and not evaluated:
             self._flush(also=[self._env[self._last_name]])
         self._flush(wait=wait)
-        return last
+        return self._last_step() if ran else None
 
     def _rewind(self, snap, start: int, hit: int) -> None:
         """Back to just after op ``hit`` (ops start..hit re-executed lazily, stats kept)."""
-        for s in self._steps[hit + 1:]:
-            self._store.remove(self._prefix + s.name)
-        del self._steps[hit + 1:]
+        for j in range(hit + 1, len(self._shapes)):
+            self._store.remove(self._prefix + self._ops[j].name)
+        self._truncate(hit + 1)
         env, cache = snap
         self._env = dict(env)
         restore(cache)
@@ -472,9 +533,10 @@ class Trace:
             self.position = i
         else:
             self._replay_to(i)
-        s = self._steps.pop()
-        self._store.remove(self._prefix + s.name)
-        return self._steps[-1] if self._steps else None
+        last = len(self._shapes) - 1
+        self._store.remove(self._prefix + self._ops[last].name)
+        self._truncate(last)
+        return self._last_step()
 
     def _replay_to(self, i: int) -> None:
         """Rebuild the live values as they were before op ``i`` (lazily, from the feeds)."""
@@ -487,8 +549,8 @@ class Trace:
 
     def reset(self) -> None:
         """Back to the start (captured values dropped)."""
-        for s in self._steps:
-            self._store.remove(self._prefix + s.name)
+        for j in range(len(self._shapes)):
+            self._store.remove(self._prefix + self._ops[j].name)
         restore(self._cache0)
         self._reset_state()
 
@@ -528,9 +590,7 @@ class Trace:
         return dict(st.stats)
 
     def _step_of(self, idx: int) -> Step:
-        s = self._steps[idx]
-        assert s.index == idx
-        return s
+        return self._step_at(idx)
 
     def step_info(self, name: str) -> Step:
         idx = self._check_name(name)
@@ -708,14 +768,10 @@ def wait_for_stats(traces) -> None:
     """Give the steps of every trace in ``traces`` their statistics still being computed,
     collected together: on a GPU one device-to-host copy and one fold for all of them (a
     generation's forwards), instead of one per trace."""
-    batches = [(t, steps, p) for t in traces for steps, p in t._inflight]
+    batches = [(t, first, stop, p) for t in traces for first, stop, p in t._inflight]
     if batches:
-        for (_, steps, _), res in zip(batches, _stats.results([p for _, _, p in batches])):
-            if isinstance(res, _stats.Rows):  # (folded columns: each dict made when first read)
-                for j, s in enumerate(steps):
-                    s.stats_from(res, j)
-            else:
-                for s, st in zip(steps, res):
-                    s.stats = st
+        # (rows of folded columns: each dict made when first read; or the host path's dicts)
+        for (t, first, stop, _), res in zip(batches, _stats.results([p for _, _, _, p in batches])):
+            t._take_rows(first, stop, res)
     for t in traces:
         t._inflight.clear()
