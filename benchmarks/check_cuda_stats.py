@@ -97,7 +97,7 @@ def cases(big: int) -> dict:
         for mag in (1e18, 1e25, 3e38):
             out[f"float32 around {mag:g}"] = mx.array((rng.standard_normal(70_001) * mag).astype(np.float32))
     out["bfloat16 around 1e25"] = mx.array((rng.standard_normal(70_001) * 1e25).astype(np.float32)).astype(mx.bfloat16)
-    # many small outputs (a decoding step's): chunks of up to stats._K_SMALL a kernel
+    # many small outputs (a decoding step's): chunks of up to stats._K_MAX a kernel
     for i in range(300):
         dt = (mx.float32, mx.float16, mx.bfloat16)[i % 3]
         r = rng.standard_normal(17 + 37 * i).astype(np.float32)

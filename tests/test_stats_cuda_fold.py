@@ -233,16 +233,16 @@ def test_chunks_cover_every_output_once_within_the_kernel_limits(sizes):
     bounds = S.chunk_bounds(sizes)
     covered = [i for lo, hi in bounds for i in range(lo, hi)]
     assert covered == list(range(len(sizes)))
-    for lo, hi in bounds:
-        assert hi > lo
+    for k, (lo, hi) in enumerate(bounds):
         chunk = sizes[lo:hi]
-        if max(chunk) <= S._SMALL:
-            assert len(chunk) <= S._K_SMALL
-        else:
-            assert len(chunk) <= S._K and min(chunk) > S._SMALL  # a large output never rides with small ones
-    # small outputs fill their kernels: no two consecutive chunks of small ones both short
-    small = [(lo, hi) for lo, hi in bounds if max(sizes[lo:hi]) <= S._SMALL]
-    assert all(hi - lo == S._K_SMALL for lo, hi in small[:-1])
+        assert S._K_MAX >= len(chunk) > 0
+        if len(chunk) > S._K:  # past 32 outputs only while the elements stay within the limit
+            assert sum(chunk) <= S._CHUNK_ELEMS
+        if hi < len(sizes):  # a chunk ends at the count limit, or where the next would pass the elements'
+            assert len(chunk) == S._K_MAX or (len(chunk) >= S._K and sum(chunk) + sizes[hi] > S._CHUNK_ELEMS)
+    # a decoding step's small outputs fill their kernels; 4096-token ones (6M elements) keep 32
+    assert [hi - lo for lo, hi in S.chunk_bounds([2048] * 300)] == [128, 128, 44]
+    assert [hi - lo for lo, hi in S.chunk_bounds([6 << 20] * 70)] == [32, 32, 6]
 
 
 def test_rows_make_each_dict_once_and_views_share_them():

@@ -592,8 +592,8 @@ def jsonable(v):
 
 
 # --------------------------------------------------------------------------- CUDA path
-#: On MLX's CUDA backend one custom kernel reduces up to _K op outputs of one dtype (_K_SMALL
-#: small ones) at a time, reading each output once, where it lies (no copy: a transposed or broadcast view is
+#: On MLX's CUDA backend one custom kernel reduces at least _K op outputs of one dtype (or the
+#: rest), and up to _K_MAX while their elements stay within _CHUNK_ELEMS, reading each output once, where it lies (no copy: a transposed or broadcast view is
 #: read through its strides; row-contiguous ones 16 bytes per load).  Each thread folds its
 #: elements into max / min over the finite non-fill elements, their sum and sum of squares,
 #: and the counts of zeros, mask fill, NaN, +Inf and -Inf; sums go to float64 every 8
@@ -603,10 +603,13 @@ def jsonable(v):
 #: queued with ``mx.async_eval``; the trace synchronises with the device once, when it reads
 #: the statistics (:meth:`Pending.result`, :func:`results`), not per batch.
 _K = 32
-#: outputs of at most _SMALL elements (a decoding step's, most of a short prompt's) go up to
-#: _K_SMALL a kernel: there the launches, not the reads, are the cost (E2B, H200, greedy
-#: decoding with statistics: 0.56 of mlx-lm's tokens/s against 0.41 at 32 a kernel)
-_K_SMALL = 128
+#: small outputs (a decoding step's, a short prompt's) go up to _K_MAX a kernel: there the
+#: launches, not the reads, are the cost (E2B, H200: greedy decoding with statistics 0.56 of
+#: mlx-lm's tokens/s against 0.41 at 32 a kernel; a 256-token forward's 916 outputs in 9
+#: kernels, 4.26 ms to queue, run and fold against 4.67 ms in 26); at 4096 tokens
+#: (about 6M elements an output) a kernel keeps its 32 (64 was slower there)
+_K_MAX = 128
+_CHUNK_ELEMS = 1 << 27
 _THREADS = 256
 #: words of an output's slot: float64 sum and sum of squares (4), the max and the negated
 #: min as order-preserving uint32 keys (2), zeros, fill, NaN, +Inf, -Inf (5), padding (1)
@@ -794,16 +797,14 @@ def _blocks(n: int) -> int:
 
 def chunk_bounds(sizes: Sequence[int]) -> list[tuple[int, int]]:
     """The kernels' chunks of outputs of ``sizes`` (elements, ascending): ``(start, stop)``
-    ranges of at most :data:`_K_SMALL` outputs of at most :data:`_SMALL` elements each, or of
-    at most :data:`_K` outputs otherwise."""
+    ranges of at least :data:`_K` outputs (or the rest), and more, up to :data:`_K_MAX`, while
+    the chunk's elements stay within :data:`_CHUNK_ELEMS`."""
     out, c, n = [], 0, len(sizes)
     while c < n:
-        if sizes[c] <= _SMALL:
-            e = c
-            while e < n and e - c < _K_SMALL and sizes[e] <= _SMALL:
-                e += 1
-        else:
-            e = min(c + _K, n)
+        e, total = c, 0
+        while e < n and e - c < _K_MAX and (e - c < _K or total + sizes[e] <= _CHUNK_ELEMS):
+            total += sizes[e]
+            e += 1
         out.append((c, e))
         c = e
     return out
