@@ -242,8 +242,7 @@ class Trace:
         self._rows.append((first, stop, rows))
         made = self._made
         if made:  # steps already read (run()'s last one, stepping) take theirs now
-            idx = range(first, stop) if stop - first < len(made) else [i for i in made if first <= i < stop]
-            for i in idx:
+            for i in range(first, stop):
                 s = made.get(i)
                 if s is not None:
                     s.stats_from(rows, i - first)
@@ -584,20 +583,17 @@ class Trace:
         if idx >= self.position:
             raise KeyError(f"op {name!r} has not run yet (it is op {idx}; the trace is at {self.position})")
         self._flush(wait=True)
-        st = self._step_of(idx)
+        st = self._step_at(idx)
         if st.stats is None:
             st.stats = _stats.evaluate([self.value(name)])[0]
         return dict(st.stats)
-
-    def _step_of(self, idx: int) -> Step:
-        return self._step_at(idx)
 
     def step_info(self, name: str) -> Step:
         idx = self._check_name(name)
         if idx >= self.position:
             raise KeyError(f"op {name!r} has not run yet")
         self._flush(wait=True)
-        return self._step_of(idx)
+        return self._step_at(idx)
 
     @property
     def logits(self) -> mx.array:
