@@ -167,3 +167,26 @@ def test_the_model_is_the_entry_point(model, tmp_path):
         b.run()
         assert type(a) is type(b) and a.ops == b.ops
         assert mx.array_equal(a.logits, b.logits)
+
+
+def test_traces_of_the_same_module_calls_share_one_program(model, ckpt):
+    # a decoding loop records the same module calls every token: its traces (and a prompt's
+    # trace of the same calls) share the program instead of describing every call again
+    g = workbench.generate(model, IDS, max_tokens=4, capture="stats")
+    programs = {id(t.program) for t in g.traces}
+    assert len(programs) == 1
+    a = workbench.trace(model, IDS)
+    assert a.program is g.traces[0].program and a.program.names == g.traces[1].program.names
+    # another compute dtype calls other module objects: a program of its own, the same names
+    b = workbench.trace(model, IDS, dtype="float16")
+    assert b.program is not a.program and b.program.names == a.program.names
+    # another prompt shares it when it calls the same modules (this MoE calls the experts its
+    # tokens route to), and its steps still read its own recording
+    a.run()
+    c = workbench.trace(model, IDS[:3])
+    c.run()
+    assert (c.program is a.program) == (c.program.names == a.program.names)
+    assert c.steps[0].output_shape[1] == 3 and a.steps[0].output_shape[1] == len(IDS)
+    ref = zoo_ref.reference(ckpt)
+    assert mx.array_equal(c.value("logits"), ref(mx.array([IDS[:3]]))).item()
+    assert mx.array_equal(a.value("logits"), ref(mx.array([IDS]))).item()

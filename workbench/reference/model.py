@@ -25,7 +25,7 @@ from workbench import registry
 from workbench.dtypes import dtype_name, parse_dtype
 from workbench.reference import recorder as R
 from workbench.text import TextCodec
-from workbench.trace.modules import ModuleTrace
+from workbench.trace.modules import ModuleTrace, tape_program
 from workbench.trace.entry import prepare_ids
 from workbench.trace.step import TraceError
 
@@ -57,6 +57,11 @@ class Session:
             raise TraceError("the reference forward recorded no logits step (its root module did not "
                              "return an array)")
         return tape
+
+    def program(self, tape: R.Tape):
+        """The op program of ``tape`` (:func:`workbench.trace.modules.tape_program`), the model's
+        program for these module calls when it already made one."""
+        return self.model.tape_program(tape, lambda i: self.describe(tape, i))
 
     def describe(self, tape: R.Tape, i: int):
         mod = tape.modules[i]
@@ -174,6 +179,8 @@ class ReferenceModel(TextCodec):
         self.full_config = dict(checkpoint.config)
         self._models: dict[Any, tuple[nn.Module, dict]] = {}
         self._raw_paths: dict[int, str] = {}
+        #: (dtype, module call names) -> (the modules called, their op program): the last few recorded
+        self._programs: dict[tuple, tuple[list, Any]] = {}
         self.tokenizer = None
         tp = getattr(checkpoint, "tokenizer_path", None)
         if tp and os.path.exists(tp):
@@ -285,6 +292,24 @@ class ReferenceModel(TextCodec):
         session = Session(self, ids, dt, cache, extra)
         return ModuleTrace(session, capture=capture, breakpoints=breakpoints, interventions=interventions,
                            model=self, batched=batched, ids=ids, attention_mask=None, **kw)
+
+    #: how many recorded structures keep their program (a prompt and decoding steps share one)
+    PROGRAMS_KEPT = 8
+
+    def tape_program(self, tape: R.Tape, describe):
+        """The op program of a recorded forward, made once per structure: the same module
+        calls, in order, of the same module objects (a decoding loop records the same calls
+        every token, so its traces share a program instead of describing every call again)."""
+        key = (tape.dtype, tuple(tape.names))  # (each compute dtype calls a module tree of its own)
+        hit = self._programs.get(key)
+        if hit is not None and len(hit[0]) == len(tape.modules) and all(
+                a is b for a, b in zip(hit[0], tape.modules)):
+            return hit[1]
+        program = tape_program(tape, describe)
+        if len(self._programs) >= self.PROGRAMS_KEPT and key not in self._programs:
+            self._programs.pop(next(iter(self._programs)))
+        self._programs[key] = (list(tape.modules), program)
+        return program
 
     # -- introspection
     def op_tensors(self, name: str) -> dict[str, mx.array]:

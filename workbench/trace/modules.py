@@ -54,8 +54,8 @@ class ModuleTrace(Trace):
     """A Trace whose steps are a reference model's recorded module calls.
 
     ``session`` records and recomputes (see :class:`workbench.reference.model.Session`):
-    ``record(interventions) -> Tape``, ``describe(tape, i)``, ``recompute(tape, i, dtype)``,
-    ``op_tensors(tape, name)``, ``feeds``."""
+    ``record(interventions) -> Tape``, ``program(tape) -> Program`` (:func:`tape_program`),
+    ``describe(tape, i)``, ``recompute(tape, i, dtype)``, ``op_tensors(tape, name)``, ``feeds``."""
 
     applies_interventions = False
     granularity = "module"
@@ -65,7 +65,7 @@ class ModuleTrace(Trace):
         self._session = session
         ivs = _norm_iv(interventions)
         tape = session.record(ivs)
-        program = tape_program(tape, lambda i: session.describe(tape, i))
+        program = session.program(tape)
         self._ready = False
         super().__init__(program, tape, session.feeds, interventions=ivs,
                          tensors=lambda name: session.op_tensors(self.ctx, name), **kw)
