@@ -61,7 +61,7 @@ class Session:
     def program(self, tape: R.Tape):
         """The op program of ``tape`` (:func:`workbench.trace.modules.tape_program`), the model's
         program for these module calls when it already made one."""
-        return self.model.tape_program(tape, lambda i: self.describe(tape, i))
+        return self.model.program_of(tape, lambda i: self.describe(tape, i))
 
     def describe(self, tape: R.Tape, i: int):
         mod = tape.modules[i]
@@ -296,7 +296,7 @@ class ReferenceModel(TextCodec):
     #: how many recorded structures keep their program (a prompt and decoding steps share one)
     PROGRAMS_KEPT = 8
 
-    def tape_program(self, tape: R.Tape, describe):
+    def program_of(self, tape: R.Tape, describe):
         """The op program of a recorded forward, made once per structure: the same module
         calls, in order, of the same module objects (a decoding loop records the same calls
         every token, so its traces share a program instead of describing every call again)."""
