@@ -593,8 +593,9 @@ def jsonable(v):
 
 # --------------------------------------------------------------------------- CUDA path
 #: On MLX's CUDA backend one custom kernel reduces at least _K op outputs of one dtype (or the
-#: rest), and up to _K_MAX while their elements stay within _CHUNK_ELEMS, reading each output once, where it lies (no copy: a transposed or broadcast view is
-#: read through its strides; row-contiguous ones 16 bytes per load).  Each thread folds its
+#: rest), and up to _K_MAX while their elements stay within _CHUNK_ELEMS, reading each output
+#: once, where it lies (no copy: a transposed or broadcast view is read through its strides;
+#: row-contiguous ones 16 bytes per load).  Each thread folds its
 #: elements into max / min over the finite non-fill elements, their sum and sum of squares,
 #: and the counts of zeros, mask fill, NaN, +Inf and -Inf; sums go to float64 every 8
 #: elements (a float32 sum of 8, or float64 element by element where a value passes 1e18 or
