@@ -302,8 +302,8 @@ class ReferenceModel(TextCodec):
         every token, so its traces share a program instead of describing every call again)."""
         key = (tape.dtype, tuple(tape.names))  # (each compute dtype calls a module tree of its own)
         hit = self._programs.get(key)
-        if hit is not None and len(hit[0]) == len(tape.modules) and all(
-                a is b for a, b in zip(hit[0], tape.modules)):
+        # (a tape records a name and a module per call: equal names, equally many modules)
+        if hit is not None and all(a is b for a, b in zip(hit[0], tape.modules)):
             return hit[1]
         program = tape_program(tape, describe)
         if len(self._programs) >= self.PROGRAMS_KEPT and key not in self._programs:

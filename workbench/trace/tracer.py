@@ -469,14 +469,13 @@ class Trace:
                 i = self.position
                 self._exec(i)
                 ran = True
-                name = ops[i].name
-                if name_bps and any(name_matches(name, b) for b in name_bps):
+                if name_bps and any(name_matches(ops[i].name, b) for b in name_bps):
                     name_stop = i
                     break
                 if self._pending_bytes >= self.flush_bytes:
                     break
                 if layer_ends:
-                    v = self._env.get(name)
+                    v = self._env.get(ops[i].name)
                     queued += v.nbytes if v is not None else 0
                     if queued >= QUEUE_BYTES and i in layer_ends:
                         at_layer_end = True
