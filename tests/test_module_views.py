@@ -190,3 +190,45 @@ def test_traces_of_the_same_module_calls_share_one_program(model, ckpt):
     ref = zoo_ref.reference(ckpt)
     assert mx.array_equal(c.value("logits"), ref(mx.array([IDS[:3]]))).item()
     assert mx.array_equal(a.value("logits"), ref(mx.array([IDS]))).item()
+
+
+def test_recorded_values_are_the_forwards_own_not_copies():
+    # a step's value is the very array the forward computed (reading every step's value after
+    # the logits computes nothing more), yet a caller updating it in place cannot rewrite it
+    import mlx.nn as nn
+
+    from workbench.reference import recorder as R
+
+    class Child(nn.Module):
+        def __call__(self, x):
+            return x * 2
+
+    class Root(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = Child()
+            self.b = Child()
+
+        def __call__(self, x):
+            h = self.a(x)
+            h *= 3  # in place, as mlx-lm's gemma scales its embeddings
+            h[0, 0] = -1.0
+            return self.b(mx.tanh(h)) + mx.ones((256, 256))
+
+    root = Root()
+    tape = R.Tape(R.instrument(root))
+    x = mx.ones((256, 256))
+    with tape:
+        out = root(x)
+    assert tape.names == ["a", "b", "logits"]
+    mx.eval(out)
+    before = mx.get_active_memory()
+    mx.eval(tape.outputs)
+    assert mx.get_active_memory() == before  # (each was a copy op of its own before)
+    ptr = lambda a: np.asarray(a).__array_interface__["data"][0]  # noqa: E731
+    assert ptr(tape.outputs[2]) == ptr(out)
+    assert mx.array_equal(tape.outputs[0], x * 2).item()  # not x * 6, not -1 at [0, 0]
+    h = x * 6
+    h[0, 0] = -1.0
+    assert mx.array_equal(tape.outputs[1], mx.tanh(h) * 2).item()
+    assert mx.array_equal(tape.outputs[2], out).item()

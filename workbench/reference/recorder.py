@@ -12,9 +12,9 @@ their parent):
   (``layers.3.self_attn.q_proj``; towers keep theirs: ``vision_tower.encoder.layers.0``),
   the root model call is ``logits``, and a module called again in the same forward gets
   ``#2``, ``#3`` ... (``layers.0.altup#2``);
-* ``outputs[i]``: a copy of the output array (a new handle on the same data, so a
+* ``outputs[i]``: the output array (a new handle on the same data, so a
   reference that updates an array in place, as ``h *= scale`` does, cannot rewrite it);
-* ``args[i]``, ``kwargs[i]``: copies of the array arguments (for recomputation), and
+* ``args[i]``, ``kwargs[i]``: the array arguments, new handles too (for recomputation), and
   ``sources[i]``: for each positional argument, the step that produced it, or None when
   code between module calls did (a fused kernel such as
   ``mx.fast.scaled_dot_product_attention``, a residual add, a reshape).
@@ -24,6 +24,7 @@ the module's output before the caller sees it, so everything downstream is chang
 """
 from __future__ import annotations
 
+import copy
 import threading
 from typing import Any, Callable, Iterable, Sequence
 
@@ -126,8 +127,11 @@ def primary_array(out) -> tuple[mx.array | None, Callable[[mx.array], Any]]:
 
 
 def copy_array(x):
-    """A new handle on the same data (an in-place update of the original leaves it alone)."""
-    return mx.array(x) if isinstance(x, mx.array) else x
+    """A new handle on the same data (an in-place update of the original leaves it alone).
+    ``copy.copy``, not ``mx.array(x)``: that adds a copy op to the graph, run wherever the
+    recorded value is read (a decoding step's statistics paid 93 extra ops a token, phi3 on
+    the CPU, and a long prompt's capture held every output twice)."""
+    return copy.copy(x) if isinstance(x, mx.array) else x
 
 
 class Tape:
@@ -192,7 +196,7 @@ class Tape:
         i = len(self.names)
         self.names.append(name)
         self.modules.append(module)
-        self.outputs.append(mx.array(primary))
+        self.outputs.append(copy_array(primary))
         self.args.append(tuple(copy_array(a) for a in args))
         self.kwargs.append({k: copy_array(v) for k, v in kwargs.items()})
         self.sources.append(tuple(self._producer.get(id(a)) if isinstance(a, mx.array) else None
