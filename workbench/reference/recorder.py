@@ -24,7 +24,6 @@ the module's output before the caller sees it, so everything downstream is chang
 """
 from __future__ import annotations
 
-import copy
 import threading
 from typing import Any, Callable, Iterable, Sequence
 
@@ -127,11 +126,20 @@ def primary_array(out) -> tuple[mx.array | None, Callable[[mx.array], Any]]:
 
 
 def copy_array(x):
-    """A new handle on the same data (an in-place update of the original leaves it alone).
-    ``copy.copy``, not ``mx.array(x)``: that adds a copy op to the graph, run wherever the
+    """A new handle on the same data (an in-place update of the original leaves it alone):
+    ``copy.copy(x)``, not ``mx.array(x)``, which adds a copy op to the graph, run wherever the
     recorded value is read (a decoding step's statistics paid 93 extra ops a token, phi3 on
     the CPU, and a long prompt's capture held every output twice)."""
-    return copy.copy(x) if isinstance(x, mx.array) else x
+    return _handle(x) if isinstance(x, mx.array) else x
+
+
+#: ``copy.copy`` of an array without the copy module's dispatch (every recorded call makes
+#: two or three: a decoding step's trace of phi3 is built in ~1.9-2.2 ms against ~2.5-2.7)
+_handle = mx.array.__copy__
+
+
+def _handles(items) -> tuple:
+    return tuple([_handle(a) if isinstance(a, mx.array) else a for a in items])
 
 
 class Tape:
@@ -157,12 +165,13 @@ class Tape:
         self._producer: dict[int, int] = {}
         self._returned: list = []  # keeps returned handles alive so their ids stay unique
         self._stack: list[str] = []  # names of the module calls in progress (innermost last)
+        self._shared = getattr(paths, "shared", None) or {}
 
     def __len__(self) -> int:
         return len(self.names)
 
     def _name_of(self, module: nn.Module) -> str | None:
-        names = getattr(self.paths, "shared", {}).get(id(module))
+        names = self._shared.get(id(module)) if self._shared else None
         if names and self._stack:  # a shared module: its name under the innermost caller
             caller = self._stack[-1] + "."
             parents = {n: n.rsplit(".", 1)[0] + "." if "." in n else "" for n in names}
@@ -186,23 +195,25 @@ class Tape:
         n = self._count.get(base, 0) + 1
         self._count[base] = n
         name = base if n == 1 else f"{base}#{n}"
-        labels = []
-        for iv, op in self.interventions:
-            if iv.matches(name):
-                primary = iv.apply(primary, op(name, module))
-                labels.append(iv.label)
-        if labels:
-            out = put(primary)
+        labels = ()
+        if self.interventions:
+            for iv, op in self.interventions:
+                if iv.matches(name):
+                    primary = iv.apply(primary, op(name, module))
+                    labels += (iv.label,)
+            if labels:
+                out = put(primary)
         i = len(self.names)
         self.names.append(name)
         self.modules.append(module)
-        self.outputs.append(copy_array(primary))
-        self.args.append(tuple(copy_array(a) for a in args))
-        self.kwargs.append({k: copy_array(v) for k, v in kwargs.items()})
-        self.sources.append(tuple(self._producer.get(id(a)) if isinstance(a, mx.array) else None
-                                  for a in args))
-        self.applied.append(tuple(labels))
-        self._producer[id(primary)] = i
+        self.outputs.append(_handle(primary))
+        self.args.append(_handles(args))
+        self.kwargs.append({k: _handle(v) if isinstance(v, mx.array) else v for k, v in kwargs.items()}
+                           if kwargs else {})
+        producer = self._producer
+        self.sources.append(tuple([producer.get(id(a)) if isinstance(a, mx.array) else None for a in args]))
+        self.applied.append(labels)
+        producer[id(primary)] = i
         self._returned.append(primary)
         return out
 
