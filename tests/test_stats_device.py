@@ -169,10 +169,13 @@ def test_arrays_of_another_thread_fail_with_a_reason():
     assert S.evaluate([lazy])[0]["max"] == 8190.0  # on its own thread it evaluates
 
 
-def test_small_outputs_reduced_together_equal_one_by_one():
+@pytest.mark.parametrize("run", [None, 1000])
+def test_small_outputs_reduced_together_equal_one_by_one(run, monkeypatch):
     """host_stats_many (a decoding step's hundreds of one-token outputs in a few numpy calls)
     gives each output the dicts host_stats gives it: NaN / Inf / mask fill / zeros, three
     dtypes, an empty output and one above the size that is reduced together."""
+    if run is not None:  # runs of 1000 elements: the small outputs split into many runs (one of
+        monkeypatch.setattr(S, "_RUN", run)  # 2048 alone in its own), the large ones into pieces
     rng = np.random.default_rng(3)
     vals = []
     for dt in (mx.float32, mx.bfloat16, mx.float16):
@@ -186,6 +189,11 @@ def test_small_outputs_reduced_together_equal_one_by_one():
         vals.append(mx.full((64,), -S.dtype_max(dt), dt))  # all mask fill
         vals.append(mx.zeros((0,), dt))
     vals.append(mx.array(rng.standard_normal(S._SMALL + 7).astype(np.float32)))  # reduced on its own
+    for dt in (mx.bfloat16, mx.float16):  # above _SMALL, NaN and -Inf in a later piece
+        c = (rng.standard_normal(S._SMALL + 3001) * 5).astype(np.float32)
+        c[S._SMALL + 2500] = np.nan
+        c[-1] = -np.inf
+        vals.append(mx.array(c).astype(dt))
     mx.eval(vals)
     views = [mx.view(v, mx.uint16) if v.dtype == mx.bfloat16 else v for v in vals]
     mx.eval(views)
@@ -194,6 +202,7 @@ def test_small_outputs_reduced_together_equal_one_by_one():
     many = S.host_stats_many(jobs)
     one = [S.host_stats(*j) for j in jobs]
     assert many[4]["nan"] == 2 and many[4]["posinf"] == 1 and many[5]["masked"] == 64
+    assert many[-1]["nan"] == 1 and many[-1]["neginf"] == 1 and many[-2]["nan"] == 1
     for v, a, b in zip(vals, one, many):
         assert set(a) == set(b)
         for k in ("nan", "posinf", "neginf", "masked", "zero_frac", "headroom"):
