@@ -175,20 +175,6 @@ def use_host() -> bool:
 _local = threading.local()
 
 
-def _scratch(n: int, dtype) -> np.ndarray:
-    """A per-thread reusable buffer (no fresh pages per op)."""
-    key = np.dtype(dtype).str
-    bufs = getattr(_local, "bufs", None)
-    if bufs is None:
-        bufs = _local.bufs = {}
-    b = bufs.get(key)
-    if b is None or b.size < n:
-        b = bufs[key] = np.empty(max(n, 1 << 16), dtype)
-        if dtype == np.float32:
-            b.fill(1.0)
-    return b[:n]
-
-
 def host_view(v: mx.array) -> np.ndarray:
     """A flat zero-copy numpy view of an evaluated array (bfloat16 as its uint16 bits)."""
     if v.dtype == mx.bfloat16:
@@ -204,17 +190,20 @@ def _as_f32(h: np.ndarray, bf16: bool) -> np.ndarray:
     return h
 
 
-def _buffer(name: str, n: int, dtype) -> np.ndarray:
-    """A per-thread reusable buffer of its own name (grown, never shrunk): the float32 copies
-    and float64 temporaries of a statistics batch land in pages already mapped.  (Fresh
-    arrays of a few hundred MB are fresh pages every batch: E2B's 916 outputs of a 16-token
-    prompt took 0.7-1.1 s to reduce on this CPU the first time, 0.2 s when warm.)"""
-    bufs = getattr(_local, "named", None)
+def _buffer(name: str, n: int, dtype, fill=None) -> np.ndarray:
+    """A per-thread reusable buffer of its own name (grown, never shrunk; ``fill``: its value
+    when made): the float32 copies and float64 temporaries of a statistics batch land in
+    pages already mapped.  (Fresh arrays of a few hundred MB are fresh pages every batch:
+    E2B's 916 outputs of a 16-token prompt took 0.7-1.1 s to reduce on this CPU the first
+    time, 0.2 s when warm.)"""
+    bufs = getattr(_local, "bufs", None)
     if bufs is None:
-        bufs = _local.named = {}
+        bufs = _local.bufs = {}
     b = bufs.get(name)
     if b is None or b.size < n or b.dtype != np.dtype(dtype):
         b = bufs[name] = np.empty(max(n, 1 << 16), dtype)
+        if fill is not None:
+            b.fill(fill)
     return b[:n]
 
 
@@ -237,8 +226,8 @@ def host_packed(a: np.ndarray) -> np.ndarray:
     over memory still in cache from the previous one (BLAS dot products for the sums)."""
     n = a.size
     with np.errstate(all="ignore"):
-        zeros = np.count_nonzero(np.equal(a, 0, out=_scratch(n, np.bool_)))
-        ones = _scratch(n, np.float32)  # filled with 1.0 once, never written again
+        zeros = np.count_nonzero(np.equal(a, 0, out=_buffer("is0", n, np.bool_)))
+        ones = _buffer("ones", n, np.float32, fill=1.0)  # filled once, never written again
         return np.array([a.min(), a.max(), np.dot(a, ones), np.dot(a, a), zeros], dtype=np.float64)
 
 
