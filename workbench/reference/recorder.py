@@ -134,12 +134,8 @@ def copy_array(x):
 
 
 #: ``copy.copy`` of an array without the copy module's dispatch (every recorded call makes
-#: two or three: a decoding step's trace of phi3 is built in ~1.9-2.2 ms against ~2.5-2.7)
+#: two or three: a decoding step's trace of phi3 is built in ~1.9-2.5 ms against ~2.5-2.7)
 _handle = mx.array.__copy__
-
-
-def _handles(items) -> tuple:
-    return tuple([_handle(a) if isinstance(a, mx.array) else a for a in items])
 
 
 class Tape:
@@ -207,9 +203,8 @@ class Tape:
         self.names.append(name)
         self.modules.append(module)
         self.outputs.append(_handle(primary))
-        self.args.append(_handles(args))
-        self.kwargs.append({k: _handle(v) if isinstance(v, mx.array) else v for k, v in kwargs.items()}
-                           if kwargs else {})
+        self.args.append(tuple([copy_array(a) for a in args]))
+        self.kwargs.append({k: copy_array(v) for k, v in kwargs.items()})
         producer = self._producer
         self.sources.append(tuple([producer.get(id(a)) if isinstance(a, mx.array) else None for a in args]))
         self.applied.append(labels)

@@ -183,11 +183,8 @@ def host_view(v: mx.array) -> np.ndarray:
 
 
 def _as_f32(h: np.ndarray, bf16: bool) -> np.ndarray:
-    if bf16:  # bfloat16 bits (uint16) -> float32
-        return (h.astype(np.uint32) << 16).view(np.float32)
-    if h.dtype != np.float32:
-        return h.astype(np.float32)
-    return h
+    """The float32 values of host view ``h``: ``h`` itself when it holds float32."""
+    return h if h.dtype == np.float32 else _f32_into(h, bf16, np.empty(h.size, np.float32))
 
 
 def _buffer(name: str, n: int, dtype, fill=None) -> np.ndarray:
@@ -253,15 +250,12 @@ def host_stats(h: np.ndarray, bf16: bool, dmax: float | None, n: int) -> dict:
     (it runs on the statistics thread, which has no MLX stream)."""
     if n == 0:
         return _finish(None, 0, dmax)
-    if n <= _RUN and h.dtype == np.float32:
-        row = host_packed(h)
-    else:  # in pieces (converted into a reused buffer): their min, max, sums and zeros combine
-        f32 = h.dtype == np.float32
-        parts = [host_packed(h[k:k + _RUN] if f32 else
-                             _f32_into(h[k:k + _RUN], bf16, _buffer("piece", min(_RUN, n - k), np.float32)))
-                 for k in range(0, n, _RUN)]
-        p = np.array(parts)
-        row = np.array([p[:, 0].min(), p[:, 1].max(), p[:, 2].sum(), p[:, 3].sum(), p[:, 4].sum()])
+    # in pieces (each converted into a reused buffer): their min, max, sums and zeros combine
+    f32 = h.dtype == np.float32
+    p = np.array([host_packed(h[k:k + _RUN] if f32 else
+                              _f32_into(h[k:k + _RUN], bf16, _buffer("piece", min(_RUN, n - k), np.float32)))
+                  for k in range(0, n, _RUN)])
+    row = np.array([p[:, 0].min(), p[:, 1].max(), p[:, 2].sum(), p[:, 3].sum(), p[:, 4].sum()])
     e = host_exact(_as_f32(h, bf16), dmax) if _needs_exact(row, dmax) else None
     return _finish(row, n, dmax, e)
 
@@ -313,7 +307,7 @@ def _reduce_run(items: list, dmax, out: list) -> None:
         rows = np.stack([np.minimum.reduceat(a, starts).astype(np.float64),
                          np.maximum.reduceat(a, starts).astype(np.float64),
                          np.add.reduceat(a64, starts), np.add.reduceat(sq, starts),
-                         np.add.reduceat(np.equal(a, 0, out=_buffer("zero", total, np.bool_)), starts,
+                         np.add.reduceat(np.equal(a, 0, out=_buffer("is0", total, np.bool_)), starts,
                                          dtype=np.int64).astype(np.float64)], axis=1)
     # rows with a non-finite min, max or sum, or mask fill at the min, get the exact
     # pass one by one; the others (every row of a healthy step) are finished together
