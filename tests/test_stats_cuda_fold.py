@@ -285,3 +285,86 @@ def test_steps_take_their_rows_when_first_read():
     assert steps[0].stats["nan"] == 3 and steps[0] == steps[0]
     steps[1].stats = {"max": 1.0}
     assert steps[1].stats == {"max": 1.0}
+
+
+def _fake_kernel(k):
+    """A numpy model of the CUDA kernel (its slots, :func:`_words`), checking what
+    cuda_parts hands it: k inputs of one float dtype, each of rank >= 1, the template's T."""
+    def run(inputs, template, grid, threadgroup, output_shapes, output_dtypes, init_value):
+        assert len(inputs) == k and grid[1] == k and output_shapes == [(k * S._SLOT,)]
+        assert {x.dtype for x in inputs} == {dict(template)["T"]} and dict(template)["T"] in S._FILL_KIND
+        assert all(x.ndim >= 1 for x in inputs) and grid[0] % S._THREADS == 0
+        return [mx.array(_words(inputs))]
+    return run
+
+
+def _decoding_outputs(rng, cache: int):
+    """A decoding step's outputs: 300 small ones in three float dtypes, an int32 one (the
+    kernel reads it as float32), a scalar, an empty one, and two that grow with the KV cache."""
+    out = []
+    for i in range(300):
+        dt = (mx.bfloat16, mx.float16, mx.float32)[i % 3]
+        out.append(mx.array(rng.standard_normal((1, 1, 64 + i % 7)).astype(np.float32)).astype(dt))
+    out += [mx.array(rng.integers(-5, 5, (1, 9)).astype(np.int32)), mx.array(np.float32(2.5)),
+            mx.zeros((1, 0, 4), mx.bfloat16),
+            mx.array(rng.standard_normal((1, 4, cache, 16)).astype(np.float32)).astype(mx.bfloat16),
+            mx.array(rng.standard_normal((1, 4, 1, cache)).astype(np.float32))]
+    out[5] = mx.where(mx.arange(out[5].size).reshape(out[5].shape) == 3, mx.array(float("nan"), mx.float32), out[5])
+    return out
+
+
+def test_cuda_parts_plans_are_shared_across_decoding_steps(monkeypatch):
+    """cuda_parts through a fake kernel: every output's stats equal the host path's, and a
+    decoding loop's steps, whose KV-cache outputs grow by a token, reuse one grouping plan
+    (made once per dtypes, ranks and sizes' power of two), with each step's exact sizes."""
+    monkeypatch.setattr(S, "_cuda_kernel", _fake_kernel)
+    monkeypatch.setattr(S, "_PLANS", {})
+    rng = np.random.default_rng(3)
+    plans = []
+    for cache in (40, 41, 63, 64):  # 64 x 16 x 4 elements: another power of two, another plan
+        vals = _decoding_outputs(rng, cache)
+        mx.eval(vals)
+        plan, meta = S.cuda_plan(vals)
+        want = S.as_meta([(v.size, v.dtype) for v in vals])
+        assert meta.sizes.tolist() == want.sizes.tolist() and np.array_equal(meta.dmax, want.dmax, equal_nan=True)
+        assert np.isnan(meta.dmax[300]) and meta.dmax[0] == S.dtype_max(mx.bfloat16)  # int32: no float max
+        # what a trace passes (its recorded shapes and dtypes) gives the same plan and sizes
+        plan2, meta2 = S.cuda_plan(vals, [v.shape for v in vals], [v.dtype for v in vals])
+        assert plan2 is plan and meta2.sizes.tolist() == want.sizes.tolist()
+        parts, order = S.cuda_parts(vals, plan)
+        assert sorted(order) == [i for i, v in enumerate(vals) if v.size] and len(parts) == len(plan.kernels)
+        _close(S.evaluate(vals, host=True), list(S.fold_slots(meta, np.concatenate([np.array(p) for p in parts]),
+                                                              order)))
+        plans.append(plan)
+    assert plans[0] is plans[1] is plans[2] and plans[3] is not plans[0] and len(S._PLANS) == 2
+    assert plans[0].cast == [300] and plans[0].flat == [301]
+    assert S.cuda_parts(vals)[1] == plans[3].order  # no plan given: looked up
+
+
+def test_cuda_plan_table_is_bounded(monkeypatch):
+    monkeypatch.setattr(S, "_PLANS", {})
+    x = mx.zeros((2,))
+    for n in range(S._PLANS_MAX + 5):  # batches of n + 1 outputs: a signature each
+        S.cuda_plan([x] * (n + 1))
+    assert len(S._PLANS) == 5  # emptied once full
+
+
+def test_a_trace_on_the_cuda_path_gives_the_host_paths_stats(monkeypatch, tmp_path):
+    """A generation whose statistics take the CUDA path (the kernel faked in numpy): the
+    trace hands its recorded shapes and dtypes to the plan, and every op of every forward
+    gets the host path's statistics."""
+    import workbench
+    from workbench import zoo
+
+    m = workbench.load(zoo.build("gemma4_text", tmp_path / "g4", dtype="float32"))
+    want = workbench.generate(m, [2, 15, 16], max_tokens=4, capture="stats")
+    monkeypatch.setattr(S, "_cuda_kernel", _fake_kernel)
+    monkeypatch.setattr(S, "_PLANS", {})
+    monkeypatch.setattr(S, "on_cuda", lambda: True)
+    monkeypatch.setenv("WORKBENCH_STATS", "device")
+    got = workbench.generate(m, [2, 15, 16], max_tokens=4, capture="stats")
+    assert got.tokens == want.tokens and len(S._PLANS) == 2  # the prompt's plan, and the decoding steps' one
+    for tw, tg in zip(want.traces, got.traces):
+        sw, sg = tw.steps, tg.steps
+        assert [s.name for s in sw] == [s.name for s in sg]
+        _close([s.stats for s in sw], [s.stats for s in sg])

@@ -42,8 +42,9 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import threading
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import mlx.core as mx
 import numpy as np
@@ -360,10 +361,13 @@ class Pending:
 
     ``defer=True`` (host path): the batch is only queued (``mx.async_eval``) and its
     reduction starts at :meth:`start` (or :meth:`result`), on the calling thread, so a
-    decoding loop can queue the next forward first and reduce this one while it computes."""
+    decoding loop can queue the next forward first and reduce this one while it computes.
+    ``shapes`` and ``dtypes``: the values' own, where the caller has them (the CUDA path
+    groups the outputs by them, :func:`cuda_plan`)."""
 
     def __init__(self, values: Sequence[mx.array], also: Sequence[mx.array] = (), background: bool = True,
-                 host: bool | None = None, defer: bool = False):
+                 host: bool | None = None, defer: bool = False, shapes: Sequence[tuple] | None = None,
+                 dtypes: Sequence | None = None):
         self._dicts = None
         self._future = None
         self._cuda = None
@@ -385,8 +389,9 @@ class Pending:
             return
         if on_cuda():
             # queued, not waited for: the one synchronisation comes when the stats are read
-            parts, order = cuda_parts(values)
-            self._cuda = ([(v.size, v.dtype) for v in values], parts, order)
+            plan, meta = cuda_plan(values, shapes, dtypes)
+            parts, order = cuda_parts(values, plan)
+            self._cuda = (meta, parts, order)  # (meta: a Meta, as every _cuda holds)
             mx.async_eval(parts + list(also))
             return
         self._dicts = device_stats(values, also)
@@ -396,7 +401,7 @@ class Pending:
         """The statistics of outputs ``meta`` ((size, dtype) each) whose slots
         :func:`cuda_parts` made (``parts``, lazy or evaluated; ``order``)."""
         p = cls([])
-        p._dicts, p._cuda = None, (list(meta), list(parts), list(order))
+        p._dicts, p._cuda = None, (as_meta(meta), list(parts), list(order))
         return p
 
     def _reduce(self, values, views, background: bool) -> None:
@@ -436,14 +441,17 @@ def results(pendings: Sequence[Pending]) -> list[Sequence[dict]]:
     if len(todo) > 1:
         parts = [a for p in todo for a in p._cuda[1]]
         words = np.array(mx.concatenate(parts) if len(parts) > 1 else parts[0]) if parts else None
-        meta, order, at = [], [], 0
+        metas, orders, at = [], [], 0
         for p in todo:
             m, _, o = p._cuda
-            order += [len(meta) + i for i in o]
-            meta += m
-        dicts = fold_slots(meta, words, order)
-        for p in todo:
-            k = len(p._cuda[0])
+            metas.append(m)
+            orders.append(np.asarray(o, np.int64) + at)
+            at += len(m.sizes)
+        meta = Meta(np.concatenate([m.sizes for m in metas]), np.concatenate([m.dmax for m in metas]))
+        dicts = fold_slots(meta, words, np.concatenate(orders))
+        at = 0
+        for p, m in zip(todo, metas):
+            k = len(m.sizes)
             p._dicts, p._cuda = dicts.view(at, k), None
             at += k
     return [p.result() for p in pendings]
@@ -849,50 +857,105 @@ def chunk_bounds(sizes: Sequence[int]) -> list[tuple[int, int]]:
     return out
 
 
-def cuda_parts(values: Sequence[mx.array]):
+class CudaPlan:
+    """How :func:`cuda_parts` groups a batch of outputs into kernels: ``kernels`` holds, per
+    kernel, its dtype, its outputs' indices (ascending sizes) and its blocks per output;
+    ``order`` the indices in slot order; ``cast`` the outputs read as float32 copies (not a
+    float dtype) and ``flat`` the scalars (read as [1]); ``dmax`` each output's dtype's
+    largest finite value (:class:`Meta`)."""
+
+    __slots__ = ("kernels", "order", "cast", "flat", "dmax")
+
+    def __init__(self, dtypes: Sequence, ndims: Sequence[int], sizes: Sequence[int]):
+        self.dmax = _dmax_of(dtypes)
+        by_dtype: dict = {}
+        self.cast, self.flat = [], []
+        for i, (dt, nd, n) in enumerate(zip(dtypes, ndims, sizes)):
+            if not n:
+                continue
+            if dt not in _FILL_KIND:
+                self.cast.append(i)
+                dt = mx.float32
+            if nd == 0:  # (the kernel reads every input's shape; MLX passes none for a scalar)
+                self.flat.append(i)
+            by_dtype.setdefault(dt, []).append((n, i))
+        self.kernels, self.order = [], []
+        for dt, items in by_dtype.items():
+            items.sort(key=lambda t: t[0])  # similar sizes share a kernel (and its block count)
+            for lo, hi in chunk_bounds([n for n, _ in items]):
+                idx = tuple(i for _, i in items[lo:hi])
+                self.kernels.append((dt, idx, _blocks(items[hi - 1][0])))
+                self.order += idx
+
+
+#: plans by the outputs' dtypes, ranks and sizes rounded up to a power of two, so a decoding
+#: loop's forwards, whose KV-cache ops grow by a token each, share one plan (any grouping of
+#: one dtype's outputs gives the same statistics; the sizes only steer speed); bounded: the
+#: table is emptied when it passes _PLANS_MAX
+_PLANS: dict = {}
+_PLANS_MAX = 64
+_SHAPE = operator.attrgetter("shape")
+_DTYPE = operator.attrgetter("dtype")
+
+
+def cuda_plan(values: Sequence[mx.array], shapes: Sequence[tuple] | None = None,
+              dtypes: Sequence | None = None) -> tuple[CudaPlan, "Meta"]:
+    """The :class:`CudaPlan` of ``values`` (made once per signature, see :data:`_PLANS`) and
+    their :class:`Meta`; ``shapes`` and ``dtypes``: theirs, where the caller has them already
+    (a trace records them).  The per-output work is C loops (``map``), no Python."""
+    shapes = list(map(_SHAPE, values)) if shapes is None else shapes
+    dtypes = list(map(_DTYPE, values)) if dtypes is None else dtypes
+    sizes = list(map(math.prod, shapes))
+    ndims = tuple(map(len, shapes))
+    key = (tuple(dtypes), ndims, tuple(map(int.bit_length, sizes)))
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        plan = _PLANS[key] = CudaPlan(dtypes, ndims, sizes)
+    return plan, Meta(np.fromiter(sizes, np.int64, len(sizes)), plan.dmax)
+
+
+def cuda_parts(values: Sequence[mx.array], plan: CudaPlan | None = None):
     """Lazy statistics slots of ``values`` (empty ones skipped): one custom kernel per chunk
     (:func:`chunk_bounds`) of outputs of one float dtype (other dtypes are reduced as float32 copies),
     each read where it lies.  Returns ``(parts, order)``: per chunk a lazy uint32
     [k * _SLOT] array, and the indices of the outputs in slot order."""
-    by_dtype: dict = {}
-    for i, v in enumerate(values):
-        if not v.size:
-            continue
-        x = v if v.dtype in _FILL_KIND else v.astype(mx.float32)
-        if x.ndim == 0:  # (the kernel reads every input's shape; MLX passes none for a scalar)
-            x = x.reshape(1)
-        by_dtype.setdefault(x.dtype, []).append((v.size, i, x))
-    parts, order = [], []
-    for dt, items in by_dtype.items():
-        items.sort(key=lambda t: t[0])  # similar sizes share a kernel (and its block count)
-        for lo, hi in chunk_bounds([n for n, _, _ in items]):
-            chunk = items[lo:hi]
-            k = len(chunk)
-            nb = _blocks(chunk[-1][0])
-            parts.append(_cuda_kernel(k)(
-                inputs=[x for _, _, x in chunk], template=[("T", dt), ("FK", _FILL_KIND[dt])],
-                grid=(nb * _THREADS, k, 1), threadgroup=(_THREADS, 1, 1),
-                output_shapes=[(k * _SLOT,)], output_dtypes=[mx.uint32], init_value=0)[0])
-            order += [i for _, i, _ in chunk]
-    return parts, order
+    if plan is None:
+        plan = cuda_plan(values)[0]
+    if plan.cast or plan.flat:
+        values = list(values)
+        for i in plan.cast:
+            values[i] = values[i].astype(mx.float32)
+        for i in plan.flat:
+            values[i] = values[i].reshape(1)
+    parts = []
+    for dt, idx, nb in plan.kernels:
+        k = len(idx)
+        parts.append(_cuda_kernel(k)(
+            inputs=[values[i] for i in idx], template=[("T", dt), ("FK", _FILL_KIND[dt])],
+            grid=(nb * _THREADS, k, 1), threadgroup=(_THREADS, 1, 1),
+            output_shapes=[(k * _SLOT,)], output_dtypes=[mx.uint32], init_value=0)[0])
+    return parts, plan.order
 
 
-def cuda_finish(meta: Sequence[tuple], parts, order) -> Sequence[dict]:
+def cuda_finish(meta, parts, order) -> Sequence[dict]:
     """The stats dicts from :func:`cuda_parts`' (evaluated) slots; ``meta``: (size, dtype)
-    of every output (the outputs themselves need not be alive any more)."""
+    of every output, or their :class:`Meta` (the outputs themselves need not be alive any more)."""
     words = np.array(mx.concatenate(parts) if len(parts) > 1 else parts[0]) if parts else None
     return fold_slots(meta, words, order)
 
 
-def fold_slots(meta: Sequence[tuple], words: np.ndarray | None, order) -> "Rows":
+def fold_slots(meta, words: np.ndarray | None, order) -> "Rows":
     """:func:`cuda_finish` on the slots already copied to the host (``words``, uint32
     [len(order) * _SLOT]; slot r holds output ``order[r]``)."""
-    N = len(meta)
+    meta = as_meta(meta)
+    N = len(meta.sizes)
     hi = np.full(N, -np.inf)
     lo = np.full(N, np.inf)
     sums = np.zeros((N, 2))
     cnt = np.zeros((N, 5), np.int64)
-    if order:
+    if len(order):
         w = words.reshape(len(order), _SLOT)
         idx = np.asarray(order, np.int64)
         sums[idx] = np.ascontiguousarray(w[:, 0:4]).view(np.float64)
@@ -909,16 +972,36 @@ def _unkey(k: np.ndarray) -> np.ndarray:
     return np.where(k == 0, -np.inf, bits.view(np.float32).astype(np.float64))
 
 
-def finish_many(meta: Sequence[tuple], hi, lo, sums, cnt) -> "Rows":
-    """The stats dicts of N outputs (``meta``: (size, dtype) each) from their folded
-    partials -- max ``hi`` and min ``lo`` of the finite non-fill elements, ``sums`` [N, 2]
-    (sum, sum of squares) and ``cnt`` [N, 5] (zeros, fill, NaN, +Inf, -Inf): :func:`finish`
-    on every row, the arithmetic done on whole columns."""
-    N = len(meta)
-    n = np.fromiter((m[0] for m in meta), np.int64, N)
-    dmaxes = [dtype_max(dt) for _, dt in meta]
-    dmax = np.array([np.nan if d is None else d for d in dmaxes], np.float64)
-    return _finish_rows(n, dmax, hi, lo, sums, cnt)
+class Meta(NamedTuple):
+    """What folding needs of N outputs: ``sizes`` (int64) and ``dmax``, each one's dtype's
+    largest finite value (float64; NaN: not a float dtype)."""
+    sizes: np.ndarray
+    dmax: np.ndarray
+
+
+def as_meta(meta) -> Meta:
+    """``meta`` as a :class:`Meta`: one already, or (size, dtype) pairs."""
+    if isinstance(meta, Meta):
+        return meta
+    sizes, dts = zip(*meta) if len(meta) else ((), ())
+    return Meta(np.fromiter(sizes, np.int64, len(sizes)), _dmax_of(dts))
+
+
+def _dmax_of(dtypes: Sequence) -> np.ndarray:
+    table = {}  # each dtype looked up once (MLX dtypes hash slowly)
+    for dt in set(dtypes):
+        d = dtype_max(dt)
+        table[dt] = np.nan if d is None else d
+    return np.fromiter(map(table.__getitem__, dtypes), np.float64, len(dtypes))
+
+
+def finish_many(meta, hi, lo, sums, cnt) -> "Rows":
+    """The stats dicts of N outputs (``meta``: (size, dtype) each, or a :class:`Meta`) from
+    their folded partials -- max ``hi`` and min ``lo`` of the finite non-fill elements,
+    ``sums`` [N, 2] (sum, sum of squares) and ``cnt`` [N, 5] (zeros, fill, NaN, +Inf, -Inf):
+    :func:`finish` on every row, the arithmetic done on whole columns."""
+    m = as_meta(meta)
+    return _finish_rows(m.sizes, m.dmax, hi, lo, sums, cnt)
 
 
 def _finish_rows(n: np.ndarray, dmax: np.ndarray, hi, lo, sums, cnt) -> "Rows":
@@ -939,23 +1022,25 @@ def _finish_rows(n: np.ndarray, dmax: np.ndarray, hi, lo, sums, cnt) -> "Rows":
     inf_any = (pinf > 0) | (ninf > 0)
     none_head = ~inf_any & ~np.isfinite(head)  # no dtype max, or no finite absmax
     head = np.where(inf_any, np.inf, head)
-    return Rows(tuple(x.tolist() for x in (mn, mxv, mean, std, absmax, nan, pinf, ninf, zf, head, fill,
-                                            none_head, n)))
+    return Rows((mn, mxv, mean, std, absmax, nan, pinf, ninf, zf, head, fill, none_head, n))
 
 
 class Rows(Sequence):
     """The stats dicts of many outputs, folded into columns: each dict is made when it is
     first read (a forward's hundreds of steps, a generation's thousands, are folded at once;
     most are never looked at one by one).  ``rows[j]`` is a dict, ``rows.view(at, k)`` the
-    rows ``at .. at + k - 1`` sharing the columns."""
+    rows ``at .. at + k - 1`` sharing the columns (numpy arrays; a view turns its own part
+    of them into Python numbers when it is first read, so a generation's forwards that are
+    never read cost nothing more)."""
 
-    __slots__ = ("_cols", "_at", "_n", "_made")
+    __slots__ = ("_cols", "_at", "_n", "_made", "_lists")
 
     def __init__(self, cols: tuple, at: int = 0, n: int | None = None, made: dict | None = None):
         self._cols = cols
         self._at = at
         self._n = len(cols[0]) - at if n is None else n
         self._made = {} if made is None else made
+        self._lists = None
 
     def __len__(self) -> int:
         return self._n
@@ -970,7 +1055,10 @@ class Rows(Sequence):
         r = self._at + j
         d = self._made.get(r)
         if d is None:
-            a, b, m, s, am, na, pi, ni, z, h, fl, nh, size = (c[r] for c in self._cols)
+            lists = self._lists
+            if lists is None:
+                lists = self._lists = tuple(c[self._at:self._at + self._n].tolist() for c in self._cols)
+            a, b, m, s, am, na, pi, ni, z, h, fl, nh, size = (c[j] for c in lists)
             d = self._made[r] = _finish(None, 0, None) if size == 0 else {
                 "min": a, "max": b, "mean": m, "std": s, "absmax": am, "nan": na, "posinf": pi, "neginf": ni,
                 "zero_frac": z, "headroom": None if nh else h, "masked": fl}

@@ -163,7 +163,12 @@ class Trace:
         #: (first, stop, stats rows) of every statistics batch that arrived (op indices first..stop-1)
         self._rows: list[tuple] = []
         self._undo: OrderedDict[int, dict] = OrderedDict()
+        #: values evaluated at the next flush: with statistics every op's since op
+        #: ``_pending_first``, otherwise the captured ops' only; ``_keeps``: (op index, value)
+        #: of the captured ones among them
         self._pending: list = []
+        self._pending_first = 0
+        self._keeps: list = []
         self._pending_bytes = 0
         self._inflight: list = []
         self.position = 0
@@ -315,7 +320,12 @@ class Trace:
                 self._labels[i] = labels
             keep = op.name in self._keep
             if self._stats_on or keep:
-                self._pending.append((i, out, keep))
+                pend = self._pending
+                if not pend:
+                    self._pending_first = i
+                pend.append(out)
+                if keep:
+                    self._keeps.append((i, out))
                 self._pending_bytes += out.nbytes
         if i in self._ends:
             self._segment_end(i)
@@ -339,25 +349,29 @@ class Trace:
         (``mx.async_eval``) and this returns at once."""
         pend = self._pending
         if pend:
-            kept = [v for _, v, k in pend if k]
+            keeps = self._keeps
+            kept = [v for _, v in keeps]
             kept.extend(also)
             # evaluated before the pending list is cleared: if mx.eval raises, the ops stay pending
             if self._stats_on:
-                first, stop = pend[0][0], pend[-1][0] + 1
-                if stop - first != len(pend):  # pragma: no cover - every op run is pending while stats are on
-                    raise TraceError(f"internal: a statistics batch of {len(pend)} ops spans ops {first}..{stop - 1}")
-                self._inflight.append((first, stop, _stats.Pending([v for _, v, _ in pend], kept, background=True,
-                                                                   defer=not block)))
+                first = self._pending_first
+                stop = first + len(pend)
+                if stop != len(self._shapes):  # pragma: no cover - every op run is pending while stats are on
+                    raise TraceError(f"internal: a statistics batch of {len(pend)} ops from op {first} does not "
+                                     f"end at the last op run ({len(self._shapes) - 1})")
+                self._inflight.append((first, stop, _stats.Pending(
+                    pend, kept, background=True, defer=not block,
+                    shapes=self._shapes[first:stop], dtypes=self._dtypes[first:stop])))
             elif block:
                 mx.eval(kept)
             else:
                 mx.async_eval(kept)
             self._pending = []
+            self._keeps = []
             self._pending_bytes = 0
             ops = self._ops
-            for i, v, keep in pend:
-                if keep:
-                    self._store.put(self._prefix + ops[i].name, v)
+            for i, v in keeps:
+                self._store.put(self._prefix + ops[i].name, v)
         elif also:
             (mx.eval if block else mx.async_eval)(list(also))
         if wait:
