@@ -398,7 +398,7 @@ class Pending:
 
     @classmethod
     def slots(cls, meta: Sequence[tuple], parts, order) -> "Pending":
-        """The statistics of outputs ``meta`` ((size, dtype) each) whose slots
+        """The statistics of outputs ``meta`` ((size, dtype) each, or a :class:`Meta`) whose slots
         :func:`cuda_parts` made (``parts``, lazy or evaluated; ``order``)."""
         p = cls([])
         p._dicts, p._cuda = None, (as_meta(meta), list(parts), list(order))
