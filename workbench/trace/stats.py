@@ -441,19 +441,13 @@ def results(pendings: Sequence[Pending]) -> list[Sequence[dict]]:
     if len(todo) > 1:
         parts = [a for p in todo for a in p._cuda[1]]
         words = np.array(mx.concatenate(parts) if len(parts) > 1 else parts[0]) if parts else None
-        metas, orders, at = [], [], 0
-        for p in todo:
-            m, _, o = p._cuda
-            metas.append(m)
-            orders.append(np.asarray(o, np.int64) + at)
-            at += len(m.sizes)
+        metas = [p._cuda[0] for p in todo]
+        starts = np.cumsum([0] + [len(m.sizes) for m in metas]).tolist()
         meta = Meta(np.concatenate([m.sizes for m in metas]), np.concatenate([m.dmax for m in metas]))
-        dicts = fold_slots(meta, words, np.concatenate(orders))
-        at = 0
-        for p, m in zip(todo, metas):
-            k = len(m.sizes)
-            p._dicts, p._cuda = dicts.view(at, k), None
-            at += k
+        order = np.concatenate([np.asarray(p._cuda[2], np.int64) + at for p, at in zip(todo, starts)])
+        dicts = fold_slots(meta, words, order)
+        for p, at, stop in zip(todo, starts, starts[1:]):
+            p._dicts, p._cuda = dicts.view(at, stop - at), None
     return [p.result() for p in pendings]
 
 
