@@ -368,3 +368,32 @@ def test_step_records_are_made_when_read(monkeypatch):
     t.back()
     assert len(t.steps) == len(t) - 2 and t.position == len(t) - 2
     assert t.run().name == "logits" and t.steps == stepped
+
+
+def test_back_after_run_past_the_undo_depth():
+    # run() keeps the values each op freed for its last _UNDO_DEPTH ops only (the hot loop
+    # skips the rest); going back further replays from the feeds: every position gives the
+    # live values it had on the way forward, whichever path restored it
+    from workbench.trace import tracer
+
+    n = tracer._UNDO_DEPTH + 9
+    ops = [Op("op0", "scale", lambda c, x: x * 1.5, ("x",), (), None)]
+    for i in range(1, n):  # each op reads the two before it: values freed two ops later
+        ins = (f"op{i - 1}",) if i == 1 else (f"op{i - 1}", f"op{i - 2}")
+        ops.append(Op(f"op{i}", "mix", (lambda k: lambda c, a, b=None: a * 0.5 + (0 if b is None else b) + k)(i),
+                      ins, (), None))
+    prog = Program(ops, inputs=("x",))
+    feeds = {"x": mx.array(np.arange(6, dtype=np.float32))}
+    ref = {k: np.array(v) for k, v in execute(prog, Ctx(mx.float32, {}), feeds, keep=lambda _: True).items()}
+    t = Trace(prog, Ctx(mx.float32, {}), feeds, capture=None,
+              context=lambda d, c: Ctx(d, {}))
+    t.run()
+    assert sorted(t._undo) == list(range(n - tracer._UNDO_DEPTH, n))  # the last ops' only
+    while t.position > 1:
+        t.back()
+        p = t.position
+        assert np.array_equal(np.array(t.value(f"op{p - 1}")), ref[f"op{p - 1}"]), p
+        if p >= 2:  # the value op p still needs, freed on the way forward only after it
+            assert np.array_equal(np.array(t.value(f"op{p - 2}")), ref[f"op{p - 2}"]), p
+    t.run()
+    assert np.array_equal(np.array(t.value(f"op{n - 1}")), ref[f"op{n - 1}"])

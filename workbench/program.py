@@ -87,6 +87,7 @@ class Program:
         self._last_use = None
         self._frees = None
         self._layer_ends = None
+        self._plan = None
 
     def __len__(self) -> int:
         return len(self.ops)
@@ -132,6 +133,13 @@ class Program:
             self._frees = [tuple(s for s in dict.fromkeys(op.inputs) if lu.get(s) == i and s not in ins)
                            for i, op in enumerate(self.ops)]
         return self._frees
+
+    def exec_plan(self) -> list[tuple]:
+        """Per op, what running it needs: ``(name, fn, inputs, frees)`` (``frees``: :meth:`frees`),
+        made once (a trace's hot loop reads a tuple per op instead of four attributes)."""
+        if self._plan is None:
+            self._plan = [(op.name, op.fn, op.inputs, f) for op, f in zip(self.ops, self.frees())]
+        return self._plan
 
     def layer_ends(self) -> frozenset[int]:
         """Indices of the ops after which ``op.layer`` changes (the last op of each run of

@@ -170,6 +170,7 @@ class Trace:
         self._pending_first = 0
         self._keeps: list = []
         self._pending_bytes = 0
+        self._queued = 0  # output bytes built since the graph was last queued (run() at layer ends)
         self._inflight: list = []
         self.position = 0
 
@@ -279,56 +280,112 @@ class Trace:
         return tuple([feeds[s].shape if s in feeds else shapes[index(s)] for s in self._ops[i].inputs])
 
     def _exec(self, i: int, record: bool = True) -> None:
+        """Run op ``i`` (and end its streaming segment, if it ends one)."""
+        self._exec_span(i, i + 1, record)
+
+    def _exec_span(self, i: int, end: int, record: bool = True, stop_at=frozenset(), queue_at=frozenset()):
+        """Run ops ``i`` .. ``end - 1``, and return ``(next op, why)``: why it stopped early
+        after an op (``"stop"``: the op is in ``stop_at``, a name breakpoint's; ``"flush"``: the
+        values waiting for evaluation passed ``flush_bytes``; ``"queue"``: the op is in
+        ``queue_at``, a layer end, and :data:`QUEUE_BYTES` of outputs were built since the graph
+        was last queued), or None at ``end``.  ``record=False`` re-executes without recording
+        (going back, rewinding) and never stops early.
+
+        The hot path of every forward: the per-op Python is locals and one call to the op's
+        function (a decoding step runs hundreds of ops per token, and on a GPU the device waits
+        for this Python).  Building one E2B decoding step's graph on the H200's host: 2.26 ms
+        (2.42 with statistics) against 2.41 (2.54) through a method call per op, the op
+        functions alone 1.91, mlx-lm's model 2.00 (benchmarks/README.md, stop 24)."""
+        plan = self.program.exec_plan()
+        env, ctx = self._env, self.ctx
+        ivs_by = self._iv_by_op
+        # the values an op freed are kept for going back (without a KV cache) for the last
+        # _UNDO_DEPTH ops of the span only: the depth kept anyway (going back further replays)
+        undo = self._undo if self._undoable else None
+        undo_from = end - _UNDO_DEPTH
+        ends = self._ends
+        keep, stats_on = self._keep, self._stats_on
+        shapes, dtypes = self._shapes, self._dtypes
+        pend, flush = self._pending, self.flush_bytes
+        nbytes = self._pending_bytes
+        queued = self._queued
+        why = None
+        try:
+            while i < end:
+                name, fn, inputs, frees = plan[i]
+                try:
+                    args = [env[s] for s in inputs]
+                except KeyError as e:  # pragma: no cover - guarded by Program invariants
+                    raise TraceError(f"op {name!r} needs {e.args[0]!r}, which is not available") from None
+                try:
+                    out = fn(ctx, *args)
+                except Exception as e:  # name the op (MLX raises shape errors while building the graph)
+                    raise self._failed(i, args, e) from e
+                labels = ()
+                if ivs_by:
+                    ivs = ivs_by.get(name)
+                    if ivs:
+                        if self.applies_interventions:
+                            op = self._ops[i]
+                            for iv in ivs:
+                                out = iv.apply(out, op)
+                        labels = tuple(iv.label for iv in ivs)
+                env[name] = out
+                if undo is None or i < undo_from:
+                    for s in frees:
+                        env.pop(s, None)
+                else:
+                    freed = {}
+                    for s in frees:
+                        v = env.pop(s, None)
+                        if v is not None:
+                            freed[s] = v
+                    undo[i] = freed
+                    if len(undo) > _UNDO_DEPTH:
+                        undo.popitem(last=False)
+                j = i
+                i += 1
+                if record:
+                    shapes.append(out.shape)
+                    dtypes.append(out.dtype)
+                    if labels:
+                        self._labels[j] = labels
+                    kept = name in keep
+                    if stats_on or kept:
+                        if not pend:
+                            self._pending_first = j
+                        pend.append(out)
+                        if kept:
+                            self._keeps.append((j, out))
+                        nbytes += out.nbytes
+                if j in ends:  # (streaming) the segment's values evaluated, its weights released
+                    self.position, self._pending_bytes = i, nbytes
+                    self._segment_end(j)
+                    pend, nbytes = self._pending, self._pending_bytes
+                if not record:
+                    continue
+                if j in stop_at:
+                    why = "stop"
+                    break
+                if nbytes >= flush:
+                    why = "flush"
+                    break
+                if queue_at:
+                    queued += out.nbytes
+                    if queued >= QUEUE_BYTES and j in queue_at:
+                        queued = 0
+                        why = "queue"
+                        break
+        finally:
+            self.position, self._pending_bytes, self._queued = i, nbytes, queued
+        return i, why
+
+    def _failed(self, i: int, args, e: Exception) -> TraceError:
+        """The error naming op ``i``, the shapes it was given and the weights it reads."""
         op = self._ops[i]
-        env = self._env
-        try:
-            args = [env[s] for s in op.inputs]
-        except KeyError as e:  # pragma: no cover - guarded by Program invariants
-            raise TraceError(f"op {op.name!r} needs {e.args[0]!r}, which is not available") from None
-        try:
-            out = op.fn(self.ctx, *args)
-        except Exception as e:  # name the op (MLX raises shape errors while building the graph)
-            shapes = ", ".join(f"{s} {list(a.shape)} {dtype_str(a.dtype)}" for s, a in zip(op.inputs, args))
-            raise TraceError(f"op {op.name!r} ({op.kind}, op {i}) failed on {shapes or 'no inputs'}"
-                             f"{' reading ' + ', '.join(op.params) if op.params else ''}: {e}") from e
-        labels = ()
-        ivs = self._iv_by_op.get(op.name)
-        if ivs:
-            if self.applies_interventions:
-                for iv in ivs:
-                    out = iv.apply(out, op)
-            labels = tuple(iv.label for iv in ivs)
-        env[op.name] = out
-        if self._undoable:
-            freed = {}
-            for s in self._frees[i]:
-                v = env.pop(s, None)
-                if v is not None:
-                    freed[s] = v
-            undo = self._undo
-            undo[i] = freed
-            if len(undo) > _UNDO_DEPTH:
-                undo.popitem(last=False)
-        else:
-            for s in self._frees[i]:
-                env.pop(s, None)
-        self.position = i + 1
-        if record:
-            self._shapes.append(out.shape)
-            self._dtypes.append(out.dtype)
-            if labels:
-                self._labels[i] = labels
-            keep = op.name in self._keep
-            if self._stats_on or keep:
-                pend = self._pending
-                if not pend:
-                    self._pending_first = i
-                pend.append(out)
-                if keep:
-                    self._keeps.append((i, out))
-                self._pending_bytes += out.nbytes
-        if i in self._ends:
-            self._segment_end(i)
+        shapes = ", ".join(f"{s} {list(a.shape)} {dtype_str(a.dtype)}" for s, a in zip(op.inputs, args))
+        return TraceError(f"op {op.name!r} ({op.kind}, op {i}) failed on {shapes or 'no inputs'}"
+                          f"{' reading ' + ', '.join(op.params) if op.params else ''}: {e}")
 
     def _segment_end(self, i: int) -> None:
         """Streaming: evaluate what is live (pending statistics and captures with it), then
@@ -469,32 +526,19 @@ class Trace:
         # without statistics on a GPU the graph is queued at layer ends, every QUEUE_BYTES of
         # outputs (mx.async_eval): the device computes while Python builds the next layers;
         # with statistics, their batches go by size (flush_bytes), queued on a GPU as well
-        layer_ends = self._program_layer_ends if self._queue_layers() else ()
-        queued = 0  # output bytes since the graph was last queued
+        layer_ends = self._program_layer_ends if self._queue_layers() else frozenset()
+        self._queued = 0  # output bytes since the graph was last queued
+        stop_at = frozenset(map(self.program.index, self.program.match(name_bps))) if name_bps else frozenset()
         ran = False
         evaluated = False
         ops = self._ops
         while self.position < end:
             start = self.position
             snap = (dict(self._env), snapshot(getattr(self.ctx, "cache", None))) if spec else None
-            name_stop = None
-            at_layer_end = False
-            while self.position < end:
-                i = self.position
-                self._exec(i)
-                ran = True
-                if name_bps and any(name_matches(ops[i].name, b) for b in name_bps):
-                    name_stop = i
-                    break
-                if self._pending_bytes >= self.flush_bytes:
-                    break
-                if layer_ends:
-                    v = self._env.get(ops[i].name)
-                    queued += v.nbytes if v is not None else 0
-                    if queued >= QUEUE_BYTES and i in layer_ends:
-                        at_layer_end = True
-                        queued = 0
-                        break
+            i, why = self._exec_span(start, end, stop_at=stop_at, queue_at=layer_ends)
+            ran = True
+            name_stop = i - 1 if why == "stop" else None
+            at_layer_end = why == "queue"
             # the logits are evaluated with the last batch's statistics (one mx.eval)
             also = [self._env[self._last_name]] if self.done else []
             queue = at_layer_end and self.position < end and not spec and name_stop is None
@@ -528,8 +572,7 @@ class Trace:
         restore(cache)
         for j in [k for k in self._undo if k >= start]:
             del self._undo[j]
-        for j in range(start, hit + 1):
-            self._exec(j, record=False)
+        self._exec_span(start, hit + 1, record=False)
 
     def back(self) -> Step | None:
         """Undo the last step; returns the step now last run (None at the start)."""
@@ -555,8 +598,7 @@ class Trace:
         restore(self._cache0)
         self._env = dict(self._feeds)
         self._undo.clear()
-        for j in range(i):
-            self._exec(j, record=False)
+        self._exec_span(0, i, record=False)
         self.position = i
 
     def reset(self) -> None:
