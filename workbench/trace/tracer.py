@@ -102,7 +102,6 @@ class Trace:
         self._ops = program.ops
         self._last_use = program.last_use()
         self._last_name = program.ops[-1].name
-        self._frees = program.frees()
         self._program_layer_ends = program.layer_ends()
         self._release = getattr(model, "release_weights", None)
         if memory_budget is None and store is None:
@@ -598,8 +597,7 @@ class Trace:
         restore(self._cache0)
         self._env = dict(self._feeds)
         self._undo.clear()
-        self._exec_span(0, i, record=False)
-        self.position = i
+        self._exec_span(0, i, record=False)  # (leaves position at i)
 
     def reset(self) -> None:
         """Back to the start (captured values dropped)."""
