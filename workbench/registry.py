@@ -42,6 +42,27 @@ class MissingExtra(ImportError):
     """A reference package needed for this checkpoint is not installed (message names the extra)."""
 
 
+def import_reference(library: str, name: str):
+    """``{library}.models.{name}``, imported with its prints kept off stdout (a ``--json``
+    answer stays JSON); a module that exits or fails to import (mlx-lm's olmo exits when
+    ai2-olmo is missing) is a :class:`MissingExtra` naming the library, the architecture and
+    what it printed or raised."""
+    import contextlib
+    import importlib
+    import io
+
+    out = io.StringIO()
+    lib = library.replace("_", "-")
+    try:
+        with contextlib.redirect_stdout(out):
+            return importlib.import_module(f"{library}.models.{name}")
+    except SystemExit:
+        said = " ".join(out.getvalue().split())[:200]
+        raise MissingExtra(f"{lib}'s {name} exits when imported" + (f": {said}" if said else "")) from None
+    except ImportError as e:
+        raise MissingExtra(f"{lib}'s {name} cannot be imported: {' '.join(str(e).split())[:200]}") from None
+
+
 def model_type(config: Mapping) -> str | None:
     mt = config.get("model_type")
     return mt if isinstance(mt, str) else None
@@ -74,12 +95,20 @@ def _installed(pkg: str) -> bool:
     return importlib.util.find_spec(pkg) is not None
 
 
+def lm_module(mt: str) -> str | None:
+    """mlx-lm's module name for a model_type (its remapping applied), None if it has none."""
+    return _lm_module(mt)
+
+
 def _lm_module(mt: str) -> str | None:
     if not _installed("mlx_lm"):
         return None
     from mlx_lm.utils import MODEL_REMAPPING
     name = MODEL_REMAPPING.get(mt, mt)
-    return name if importlib.util.find_spec(f"mlx_lm.models.{name}") is not None else None
+    try:
+        return name if importlib.util.find_spec(f"mlx_lm.models.{name}") is not None else None
+    except (ImportError, ValueError):  # a model_type that is no module name ("kosmos-2.5")
+        return None
 
 
 def _vlm_module(mt: str) -> str | None:

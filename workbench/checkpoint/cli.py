@@ -26,6 +26,7 @@ def run(args) -> int:
     from workbench.errors import UsageError
     from workbench.checkpoint.inspect import diff, inspect, render_diff
     from workbench.checkpoint.reader import CheckpointError
+    from workbench.registry import MissingExtra
 
     progress = False if (args.no_progress or args.json) else None
     try:
@@ -37,7 +38,7 @@ def run(args) -> int:
                 print(render_diff(d))
             return 0 if d["same"] else 1
         r = inspect(args.path, values=args.values, tensors=args.tensors, progress=progress)
-    except CheckpointError as e:
+    except (CheckpointError, MissingExtra) as e:
         raise UsageError(str(e)) from None
     if args.json:
         print(json.dumps(r.to_dict(), indent=2, allow_nan=False, default=str))

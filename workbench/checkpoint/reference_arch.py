@@ -27,8 +27,6 @@ so a hostile config cannot make the build loop for long.
 from __future__ import annotations
 
 import contextlib
-import copy
-import importlib
 import math
 from typing import Mapping
 
@@ -36,6 +34,7 @@ from dataclasses import dataclass, field
 
 from workbench import registry
 from workbench.checkpoint import names as N
+from workbench.checkpoint import reference_config
 
 
 class ConfigError(ValueError):
@@ -171,16 +170,21 @@ def build_model(config: Mapping, library: str | None = None, *, placeholders: bo
                           "neither mlx-lm nor mlx-vlm builds it, and workbench has no table for it "
                           f"({', '.join(sorted(registry.TABLE_FAMILIES))})") from None
     _check_numbers(config)
-    cfg = copy.deepcopy(dict(config))
+    try:  # (the config as the reference reads it: the same normalising as loading)
+        cfg = reference_config.normalise(config, lib, name).config
+    except reference_config.ConfigError as e:
+        raise ConfigError(str(e)) from None
     who = f"{lib.replace('_', '-')}'s {name}"
     try:
-        mod = importlib.import_module(f"{lib}.models.{name}")
+        mod = registry.import_reference(lib, name)
         args_cls = mod.ModelArgs if lib == "mlx_lm" else mod.ModelConfig
         _check_types(cfg, args_cls, who)
         with no_allocation() if placeholders else contextlib.nullcontext():
             model = mod.Model(args_cls.from_dict(cfg)) if lib == "mlx_lm" else _build_vlm(mod, cfg)
     except ConfigError:
         raise
+    except registry.MissingExtra:
+        raise  # (the reference library cannot be used at all: unusable input, not a finding)
     except RecursionError:
         raise ConfigError(f"config.json: {who} cannot build a model from it (nested too deeply)") from None
     except Exception as e:  # noqa: BLE001 - any failure of the reference on this config is a bad config

@@ -22,6 +22,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from workbench import registry
+from workbench.checkpoint import layouts, reference_config
+from workbench.reference import activations
 from workbench.dtypes import dtype_name, parse_dtype
 from workbench.reference import recorder as R
 from workbench.text import TextCodec
@@ -181,6 +183,10 @@ class ReferenceModel(TextCodec):
         self._raw_paths: dict[int, str] = {}
         #: (dtype, module call names) -> (the modules called, their op program): the last few recorded
         self._programs: dict[tuple, tuple[list, Any]] = {}
+        #: the config normalised for the reference (raises ConfigError naming a key it would get wrong)
+        self.read_config = reference_config.normalise(checkpoint.config, library, family)
+        #: prompts longer than this would be computed wrongly by the reference (None: no bound)
+        self.max_tokens = self.read_config.max_tokens
         self.tokenizer = None
         tp = getattr(checkpoint, "tokenizer_path", None)
         if tp and os.path.exists(tp):
@@ -208,14 +214,27 @@ class ReferenceModel(TextCodec):
                 model = vlm_load(root, lazy=True)
             else:
                 from mlx_lm.utils import load_model as lm_load
-                model, _ = lm_load(root, lazy=True, strict=True)
+                # (the config as the family reads it: checkpoint/reference_config.py; mlx-lm
+                #  updates its own reading of config.json with it)
+                model, _ = lm_load(root, lazy=True, strict=True, model_config=self.read_config.config,
+                                   get_model_classes=self._lm_classes)
         except (TypeError, ValueError, KeyError, AttributeError, IndexError, FileNotFoundError) as e:
             msg = " ".join(str(e).split())[:400] or type(e).__name__
             raise ValueError(f"{root}: {lib}'s {self.family} model cannot be built from this checkpoint: {msg}") from None
         model.eval()
+        try:  # the activation the config names where mlx-lm hard-codes another
+            activations.correct(model, self.family, self.config)
+        except activations.ConfigError as e:
+            raise ValueError(f"{root}: {e}") from None
         if dtype is not None:
             model.set_dtype(dtype)
         return model, None
+
+    def _lm_classes(self, config):
+        """mlx-lm's Model / ModelArgs of this family, its sanitize first reading the layouts
+        transformers writes (checkpoint/layouts.py)."""
+        mod = registry.import_reference("mlx_lm", self.family)
+        return layouts.with_conversion(mod.Model, self.family), mod.ModelArgs
 
     def module(self, dtype=None) -> tuple[nn.Module, dict]:
         """The instrumented reference model computing in ``dtype`` and its step names."""
@@ -252,6 +271,7 @@ class ReferenceModel(TextCodec):
         """Logits [B, T, vocab] of the reference forward (not recorded, lazy)."""
         module, _ = self.module(dtype)
         ids = mx.array(ids) if not isinstance(ids, mx.array) else ids
+        self.check_length(ids.shape[-1], cache)
         out = self.forward(module, ids[None] if ids.ndim == 1 else ids, cache, extra)
         primary, _ = R.primary_array(out)
         return primary
@@ -288,10 +308,23 @@ class ReferenceModel(TextCodec):
             if lo < 0 or hi >= self.vocab_size:
                 raise ValueError(f"token id {hi if hi >= self.vocab_size else lo} out of range for a "
                                  f"vocabulary of {self.vocab_size}")
+        self.check_length(ids.shape[-1], cache)
         dt = parse_dtype(dtype) or self.default_dtype
         session = Session(self, ids, dt, cache, extra)
         return ModuleTrace(session, capture=capture, breakpoints=breakpoints, interventions=interventions,
                            model=self, batched=batched, ids=ids, attention_mask=None, **kw)
+
+    def check_length(self, n: int, cache=None) -> None:
+        """Refuse a forward that would reach past :attr:`max_tokens` (a sliding window the
+        reference never applies: reference_config.py)."""
+        if self.max_tokens is None:
+            return
+        start = 0
+        for c in (cache if isinstance(cache, (list, tuple)) else [cache] if cache is not None else []):
+            start = max(start, int(getattr(c, "offset", 0) or 0))
+        if start + n > self.max_tokens:
+            raise TraceError(f"{self.read_config.why_max}; this forward reaches token {start + n} "
+                             "(an op-level model applies the window, where one exists: granularity='op')")
 
     #: how many recorded structures keep their program (a prompt and decoding steps share one)
     PROGRAMS_KEPT = 8

@@ -1,0 +1,495 @@
+"""config.json read once, in every form the references write, into what mlx-lm's model reads.
+
+mlx-lm builds a model from config.json through its family's ``ModelArgs`` dataclass: a field
+the config lacks silently takes mlx-lm's default, and a key no field reads is silently
+dropped.  Checkpoints saved by transformers 5 keep their RoPE only under
+``rope_parameters`` (``rope_theta``, ``partial_rotary_factor``, the scaling type), and
+rename keys, so mlx-lm would build them with its own defaults: logits that look fine and
+are wrong.  :func:`normalise` makes the config explicit before mlx-lm sees it:
+
+1. **RoPE**: ``rope_parameters`` (flat, or per layer type) becomes the fields the family
+   reads (``rope_theta`` / ``rotary_emb_base``, ``partial_rotary_factor`` / ``rotary_pct``,
+   ``rope_scaling`` with both ``type`` and ``rope_type``, Gemma 3's ``rope_local_base_freq``);
+   a value both forms give differently, or a RoPE the family has no field for, is refused.
+2. **The original's values**: where the model's own config class (transformers', which
+   mlx-lm depends on; no torch) reads the config, every ``ModelArgs`` field the config lacks
+   takes the value the original model uses (transformers' default or derived value), not
+   mlx-lm's default.  Renamed keys the original reads under another name are in
+   :data:`ALIASES`.
+3. **Keys nobody reads**: a key the family's ``ModelArgs`` does not read is accepted only
+   when it cannot change the numbers: provenance and training settings
+   (:data:`IGNORED`), or a value equal to what the original derives without it.  Anything
+   else is refused by name (``ConfigError``: one line).  A sliding window mlx-lm's family
+   never applies becomes :attr:`Normalised.max_tokens`: prompts up to it are exact, longer
+   ones are refused at trace time.
+
+Everything here is pure config work: nothing is built, nothing allocated.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import logging
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from workbench import registry
+from workbench.checkpoint.arch import COMMON_IGNORED
+
+
+class ConfigError(ValueError):
+    """config.json holds something the reference would silently get wrong (message names it)."""
+
+
+#: keys that never change a causal LM's logits at inference: provenance, training-only
+#: settings (dropout, init, aux losses, router noise), generation settings, token ids
+IGNORED = COMMON_IGNORED | frozenset({
+    "attn_pdrop", "embd_pdrop", "resid_pdrop", "hidden_dropout", "residual_dropout", "embedding_dropout",
+    "classifier_dropout", "summary_first_dropout", "summary_type", "summary_use_proj", "summary_activation",
+    "summary_proj_to_labels", "output_router_logits", "router_aux_loss_coef", "router_z_loss_coef",
+    "router_jitter_noise", "input_jitter_noise", "rescale_prenorm_residual", "time_step_min", "time_step_max",
+    "time_step_floor", "time_step_init_scheme", "time_step_scale", "use_mambapy", "use_associative_scan",
+    "pretraining_tp", "eod_token_id", "image_token_id", "auto_map", "model_file", "num_nextn_predict_layers",
+    "attention_softmax_in_fp32", "scale_attention_softmax_in_fp32", "reorder_and_upcast_attn",
+    "use_kernels", "mlp_layer_types", "_sliding_window_pattern",
+    "tie_word_embeddings", "max_position_embeddings", "initializer_factor", "use_return_dict",
+    "gradient_checkpointing", "residual_in_fp32", "use_pre_ffw_norm",
+})
+# (tie_word_embeddings: a family that always ties has no lm_head, and mlx-lm's strict load
+#  refuses a checkpoint that holds one; max_position_embeddings alone never changes the
+#  logits of a prompt within it, RoPE scaling reads it from rope_scaling)
+
+#: family -> {mlx-lm field: the key transformers writes for it}
+ALIASES: dict[str, dict[str, str]] = {
+    "qwen3_moe": {"num_experts": "num_local_experts"},
+    "gpt2": {"n_ctx": "n_positions"},
+    "gpt_neox": {"rotary_emb_base": "rope_theta", "rotary_pct": "partial_rotary_factor"},
+    "lfm2": {"block_dim": "hidden_size", "block_ff_dim": "intermediate_size"},
+}
+
+#: family -> (the mlx-lm field for rope theta, the one for the rotated fraction)
+_ROPE_FIELDS = {"gpt_neox": ("rotary_emb_base", "rotary_pct")}
+
+#: unread keys whose non-default values are a sliding window the family never applies
+_WINDOW_KEYS = ("sliding_window",)
+
+
+@dataclass
+class Normalised:
+    """The config the reference reads, and what normalising it found."""
+    config: dict
+    filled: dict = field(default_factory=dict)      # field -> value taken from the original / rope_parameters
+    consumed: set = field(default_factory=set)      # keys read into fields of another name
+    max_tokens: int | None = None                   # prompts longer than this would be computed wrongly
+    why_max: str = ""
+
+
+def _show(v) -> str:
+    r = json.dumps(v) if isinstance(v, (dict, list, str, int, float, bool, type(None))) else repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def _fields(library: str, family: str) -> dict[str, dataclasses.Field] | None:
+    mod = registry.import_reference(library, family)
+    args = getattr(mod, "ModelArgs", None)
+    return {f.name: f for f in dataclasses.fields(args)} if dataclasses.is_dataclass(args) else None
+
+
+def _has_default(f: dataclasses.Field) -> bool:
+    return f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+
+
+def _default(f: dataclasses.Field):
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+
+
+# ---------------------------------------------------------------------- transformers' view
+
+def _original_class(model_type: str):
+    """transformers' config class for ``model_type`` (None if it has none)."""
+    try:
+        from transformers import CONFIG_MAPPING
+        return CONFIG_MAPPING[model_type]
+    except Exception:  # noqa: BLE001 - no transformers, or no such model type
+        return None
+
+
+def _read_with(cls, cfg: Mapping):
+    """``cls.from_dict(cfg)``, quietly; None when transformers refuses the config."""
+    tlog = logging.getLogger("transformers")
+    level = tlog.level
+    tlog.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return cls.from_dict(copy.deepcopy(dict(cfg)))
+    except Exception:  # noqa: BLE001 - the original cannot read it: our own rules only
+        return None
+    finally:
+        tlog.setLevel(level)
+
+
+def _jsonable(v) -> bool:
+    try:
+        json.dumps(v)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def _equal(a, b) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b or (isinstance(a, float) and isinstance(b, float) and math.isclose(a, b, rel_tol=1e-12))
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+# ---------------------------------------------------------------------- RoPE
+
+_ROPE_META = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
+
+
+def _flat_rope(rp: Mapping) -> bool:
+    """One RoPE for every layer (not one per layer type: a model whose original reads RoPE per
+    layer type reads the per-type entries, even beside flat keys)."""
+    return not any(isinstance(v, Mapping) for v in rp.values())
+
+
+def _set(cfg: dict, out: Normalised, key: str, value, source: str) -> None:
+    """Set ``key`` from ``source``; refuse if the config already says something else."""
+    if key in cfg and cfg[key] is not None:
+        if not _equal(cfg[key], value):
+            raise ConfigError(f"config.json: {key} = {_show(cfg[key])} and {source} = {_show(value)} disagree")
+        return
+    cfg[key] = value
+    out.filled[key] = value
+
+
+def _scaling(rp: Mapping) -> dict | None:
+    t = rp.get("rope_type", rp.get("type", "default"))
+    if t in (None, "default"):
+        return None
+    s = {k: v for k, v in rp.items() if k not in _ROPE_META}
+    return {"type": t, "rope_type": t, **s}
+
+
+def _apply_flat_rope(cfg: dict, out: Normalised, fields: Mapping, family: str, rp: Mapping, where: str) -> None:
+    theta_f, frac_f = _ROPE_FIELDS.get(family, ("rope_theta", "partial_rotary_factor"))
+    if "rope_theta" in rp:
+        if theta_f in fields:
+            _set(cfg, out, theta_f, rp["rope_theta"], f"{where}.rope_theta")
+        elif "rope_parameters" not in fields:
+            raise ConfigError(f"config.json: {where}.rope_theta = {_show(rp['rope_theta'])}, but mlx-lm's "
+                              f"{family} reads no RoPE base")
+    if "partial_rotary_factor" in rp:
+        frac = rp["partial_rotary_factor"]
+        if frac_f in fields:
+            _set(cfg, out, frac_f, frac, f"{where}.partial_rotary_factor")
+        elif "rope_parameters" not in fields and not _equal(frac, 1.0):
+            raise ConfigError(f"config.json: {where}.partial_rotary_factor = {_show(frac)}, but mlx-lm's "
+                              f"{family} rotates every dimension")
+    if "original_max_position_embeddings" in rp and "original_max_position_embeddings" in fields:
+        _set(cfg, out, "original_max_position_embeddings", rp["original_max_position_embeddings"],
+             f"{where}.original_max_position_embeddings")
+    s = _scaling(rp)
+    if s is not None:
+        if "rope_scaling" in fields:
+            if cfg.get("rope_scaling") is None:
+                cfg["rope_scaling"] = s
+                out.filled["rope_scaling"] = s
+        elif "rope_parameters" not in fields:
+            raise ConfigError(f"config.json: {where}.rope_type = {_show(s['type'])}, but mlx-lm's {family} "
+                              "reads no RoPE scaling")
+
+
+def _apply_rope(cfg: dict, out: Normalised, fields: Mapping, family: str) -> None:
+    rp = cfg.get("rope_parameters")
+    if rp is None:
+        return
+    if not isinstance(rp, Mapping):
+        raise ConfigError(f"config.json: rope_parameters must be an object, got {_show(rp)}")
+    if _flat_rope(rp):
+        _apply_flat_rope(cfg, out, fields, family, rp, "rope_parameters")
+        return
+    # per layer type (Gemma 3 and others): {"full_attention": {...}, "sliding_attention": {...}}
+    rp = {k: v for k, v in rp.items() if isinstance(v, Mapping)}
+    if "rope_local_base_freq" in fields and set(rp) <= {"full_attention", "sliding_attention"}:
+        full, slide = rp.get("full_attention", {}), rp.get("sliding_attention", {})
+        if _scaling(slide) is not None:
+            raise ConfigError("config.json: rope_parameters.sliding_attention scales its RoPE "
+                              f"({_show(slide.get('rope_type'))}), which mlx-lm's {family} does not")
+        if "rope_theta" in slide:
+            _set(cfg, out, "rope_local_base_freq", slide["rope_theta"], "rope_parameters.sliding_attention.rope_theta")
+        _apply_flat_rope(cfg, out, fields, family, full, "rope_parameters.full_attention")
+        return
+    kinds = list(rp.values())
+    if all(_equal(k, kinds[0]) for k in kinds):
+        _apply_flat_rope(cfg, out, fields, family, kinds[0], f"rope_parameters.{next(iter(rp))}")
+        return
+    if "rope_parameters" not in fields:
+        raise ConfigError(f"config.json: rope_parameters differ per layer type ({', '.join(map(str, rp))}), "
+                          f"which mlx-lm's {family} does not read")
+
+
+# ---------------------------------------------------------------------- layer types
+
+#: fields that give the layer pattern as a period (every p-th layer is the second kind)
+_PERIODS = {"sliding_window_pattern": ("sliding_attention", "full_attention"),
+            "full_attention_interval": ("linear_attention", "full_attention")}
+
+
+#: families that read the period as a string of layer kinds ("LLLG": three local, one global)
+_PERIOD_AS_STRING = ("exaone4",)
+
+
+def _apply_layer_types(cfg: dict, out: Normalised, fields: Mapping, family: str) -> None:
+    """``layer_types`` (transformers 5, which derives it from a period only when absent and
+    reads it first) for a family that reads a period instead: the period, or refused."""
+    lt = cfg.get("layer_types")
+    if lt is None or "layer_types" in fields:
+        return
+    for period, (kind, every) in _PERIODS.items():
+        if period not in fields:
+            continue
+        if not isinstance(lt, list) or not lt or any(t not in (kind, every) for t in lt):
+            raise ConfigError(f"config.json: layer_types = {_show(lt)}: mlx-lm's {family} reads {kind} and "
+                              f"{every} layers only")
+        p = lt.index(every) + 1 if every in lt else len(lt) + 1
+        if any((t == every) != ((i + 1) % p == 0) for i, t in enumerate(lt)):
+            raise ConfigError(f"config.json: layer_types = {_show(lt)} is not every {p}-th layer {every}, the "
+                              f"only pattern mlx-lm's {family} reads ({period})")
+        value = "L" * (p - 1) + ("G" if p <= len(lt) else "") if family in _PERIOD_AS_STRING else p
+        if cfg.get(period) != value:
+            cfg[period] = value
+            out.filled[period] = value
+        out.consumed.add("layer_types")
+        return
+
+
+# ---------------------------------------------------------------------- the whole config
+
+def normalise(config: Mapping, library: str, family: str) -> Normalised:
+    """The config (a deep copy) in the form ``library``'s ``family`` reads; ConfigError
+    naming the key when something it would get wrong cannot be made explicit."""
+    cfg = copy.deepcopy(dict(config))
+    out = Normalised(cfg)
+    if library != "mlx_lm":
+        return out
+    fields = _fields(library, family)
+    if fields is None:
+        return out
+    if "text_config" in fields:  # a wrapper: its language model reads text_config
+        tc = cfg.get("text_config")
+        tmt = tc.get("model_type") if isinstance(tc, Mapping) else None
+        if isinstance(tmt, str) and registry.lm_module(tmt) is not None:
+            inner = normalise(tc, library, registry.lm_module(tmt))
+            cfg["text_config"] = inner.config
+            out.filled.update({f"text_config.{k}": v for k, v in inner.filled.items()})
+            out.max_tokens, out.why_max = inner.max_tokens, inner.why_max
+            # (mlx-lm's wrappers copy their own vocab_size into text_config: transformers
+            #  writes it in text_config only)
+            if "vocab_size" in fields and "vocab_size" not in cfg and "vocab_size" in inner.config:
+                cfg["vocab_size"] = inner.config["vocab_size"]
+                out.filled["vocab_size"] = cfg["vocab_size"]
+        return out  # (the wrapper's other keys configure towers mlx-lm does not build)
+    _apply_per_layer_config(cfg, out, fields, family)
+    _apply_rope(cfg, out, fields, family)
+    _apply_layer_types(cfg, out, fields, family)
+    _window_everywhere(cfg, out, fields, family)
+    for target, source in ALIASES.get(family, {}).items():
+        if source in cfg and target in fields:
+            _set(cfg, out, target, cfg[source], source)
+    mt = cfg.get("model_type")
+    cls = _original_class(mt) if isinstance(mt, str) else None
+    original = _read_with(cls, cfg) if cls is not None else None
+    if original is not None:
+        _fill_from_original(cfg, out, fields, original)
+    _fill_fixed(cfg, out, fields, family)
+    if original is not None:
+        _check_unread(cfg, out, fields, family, cls)
+        _check_defaulted(cfg, fields, family)
+    return out
+
+
+#: fields mlx-lm reads that no transformers config of the family writes, whose mlx-lm
+#: default is what the original's modeling code does (checked against transformers'
+#: modeling files; where a fixture exists, against torch's logits: tests/test_arch_refs.py)
+REVIEWED_DEFAULTS: dict[str, frozenset] = {
+    "*": frozenset({"rope_traditional"}),  # mlx-lm's switch between rotate-half and interleaved RoPE
+    "llama": frozenset({"layer_types", "sliding_window", "mlp_bias", "attention_bias"}),
+    "bitnet": frozenset({"mlp_bias"}), "dots1": frozenset({"mlp_bias"}), "olmo2": frozenset({"mlp_bias"}),
+    "olmoe": frozenset({"mlp_bias"}), "granitemoehybrid": frozenset({"mlp_bias"}),
+    "cohere": frozenset({"layer_norm_bias"}), "cohere2": frozenset({"layer_norm_bias"}),
+    "gpt2": frozenset({"num_key_value_heads"}), "gpt_neox": frozenset({"num_key_value_heads"}),
+    "gpt_bigcode": frozenset({"attention_bias", "mlp_bias"}),
+    "deepseek_v2": frozenset({"moe_layer_freq"}),
+    "deepseek_v3": frozenset({"moe_layer_freq", "scoring_func", "topk_method"}),
+    "deepseek_v32": frozenset({"moe_layer_freq", "scoring_func", "topk_method", "indexer_rope_interleave"}),
+    "glm4_moe": frozenset({"scoring_func", "topk_method"}),
+    "hunyuan_v1_dense": frozenset({"use_qk_norm"}),
+    "lfm2_moe": frozenset({"full_attn_idxs"}),  # derived from layer_types by mlx-lm itself
+    "mamba": frozenset({"use_bcdt_rms", "mixer_rms_eps"}),  # set from model_type (falcon_mamba) by mlx-lm
+    "ministral3": frozenset({"layer_types"}),
+    # (no num_key_value_heads in per_layer_config: the full layers have the sliding ones' count)
+    # (sliding_window_pattern: read only without layer_types, which transformers always writes)
+    "gemma4_text": frozenset({"global_partial_rotary_factor", "partial_rotary_factor", "num_global_key_value_heads",
+                              "sliding_window_pattern"}),
+    "phimoe": frozenset({"original_max_position_embeddings"}),  # read by its longrope only, from rope_parameters
+}
+
+
+def _check_defaulted(cfg: dict, fields: Mapping, family: str) -> None:
+    """A field mlx-lm reads, absent from the config and from the original's, takes mlx-lm's
+    default: refused unless that default was checked against the original."""
+    ok = REVIEWED_DEFAULTS["*"] | REVIEWED_DEFAULTS.get(family, frozenset())
+    for name, f in fields.items():
+        if name in cfg or name in ok or name in _NOT_FILLED:
+            continue
+        d = _default(f) if _has_default(f) else None
+        raise ConfigError(f"config.json has no {name!r}, which mlx-lm's {family} reads (its default: {_show(d)}) "
+                          "and the original model's config does not carry: workbench has not checked that "
+                          "default against the original")
+
+
+def _apply_per_layer_config(cfg: dict, out: Normalised, fields: Mapping, family: str) -> None:
+    """Gemma 4's ``per_layer_config`` (transformers 5: {layer: {"head_dim", "num_key_value_heads"}}
+    for the full-attention layers) as the global_head_dim / num_global_key_value_heads mlx-lm reads."""
+    plc = cfg.get("per_layer_config")
+    if plc is None or "global_head_dim" not in fields:
+        return
+    if not isinstance(plc, Mapping) or any(not isinstance(v, Mapping) for v in plc.values()):
+        raise ConfigError(f"config.json: per_layer_config = {_show(plc)} is not one object per layer")
+    lt = cfg.get("layer_types")
+    full = {str(i) for i, t in enumerate(lt) if t == "full_attention"} if isinstance(lt, list) else None
+    keys = {str(int(k)) if str(k).isdigit() else str(k) for k in plc}
+    if full is not None and keys != full:
+        raise ConfigError("config.json: per_layer_config sets other layers than the full-attention ones "
+                          f"({', '.join(sorted(keys))}), which mlx-lm's {family} cannot express")
+    for key, target in (("head_dim", "global_head_dim"), ("num_key_value_heads", "num_global_key_value_heads")):
+        vals = {json.dumps(v.get(key)) for v in plc.values()}
+        if len(vals) > 1:
+            raise ConfigError(f"config.json: per_layer_config gives full-attention layers different {key}s, which "
+                              f"mlx-lm's {family} cannot express")
+        v = next(iter(plc.values())).get(key) if plc else None
+        if v is not None:
+            _set(cfg, out, target, v, f"per_layer_config.*.{key}")
+    other = {k for v in plc.values() for k in v} - {"head_dim", "num_key_value_heads"}
+    if other:
+        raise ConfigError(f"config.json: per_layer_config sets {', '.join(sorted(other))}, which mlx-lm's {family} "
+                          "does not read per layer")
+    out.consumed.add("per_layer_config")
+
+
+#: family -> fields mlx-lm requires that the original has no key for, at what the original
+#: architecture fixes them to (transformers' modeling code, not its config)
+FIXED: dict[str, dict[str, Any]] = {
+    "apertus": {"mlp_bias": False, "post_norm": False, "qk_norm": True},
+}
+
+#: family -> {unread key: the value the family's code assumes, from the config}
+IMPLIED: dict[str, dict[str, Any]] = {
+    "gpt_neox": {"intermediate_size": lambda c: 4 * c["hidden_size"] if isinstance(c.get("hidden_size"), int) else None},
+    "phimoe": {"attention_bias": lambda c: True, "lm_head_bias": lambda c: True},
+}
+
+
+def _fill_fixed(cfg: dict, out: Normalised, fields: Mapping, family: str) -> None:
+    """Required fields the original never writes: the architecture's fixed values, the head
+    size transformers implies (hidden / heads), no RoPE scaling when rope_parameters says none."""
+    for k, v in FIXED.get(family, {}).items():
+        if k in fields and k not in cfg:
+            cfg[k] = v
+            out.filled[k] = v
+    if "head_dim" in fields and cfg.get("head_dim") is None:
+        hd = _implied_head_dim(cfg)
+        if hd is not None:
+            cfg["head_dim"] = hd
+            out.filled["head_dim"] = hd
+    if "rope_scaling" in fields and "rope_scaling" not in cfg:  # (no scaling in any form: none)
+        cfg["rope_scaling"] = None
+
+
+#: fields never taken from the original's attributes: RoPE comes from rope_parameters alone
+#: (transformers 5 keeps a rope_scaling attribute for compatibility, in its own form)
+_NOT_FILLED = ("model_type", "rope_parameters", "rope_scaling", "quantization", "quantization_config")
+
+
+def _fill_from_original(cfg: dict, out: Normalised, fields: Mapping, original) -> None:
+    """Every field mlx-lm reads that the config lacks takes the original model's value."""
+    for name, f in fields.items():
+        if name in cfg or name in _NOT_FILLED:
+            continue
+        try:
+            v = getattr(original, name)
+        except Exception:  # noqa: BLE001 - the original has no such attribute
+            continue
+        if callable(v) or not _jsonable(v):
+            continue
+        if _has_default(f) and _equal(v, _default(f)):
+            continue
+        cfg[name] = copy.deepcopy(v)
+        out.filled[name] = v
+
+
+def _check_unread(cfg: dict, out: Normalised, fields: Mapping, family: str, cls) -> None:
+    """A key the family does not read must not change the numbers (see the module doc)."""
+    consumed = set(ALIASES.get(family, {}).values()) | {"rope_parameters", "text_config"} | out.consumed
+    for key in list(cfg):
+        if key in fields or key in IGNORED or key in consumed or key.endswith("_token_id") or \
+                key in out.filled:
+            continue
+        without = {k: v for k, v in cfg.items() if k != key}
+        derived = _read_with(cls, without)
+        if derived is None:  # (the original cannot read the config without it: its class default)
+            derived = _read_with(cls, {"model_type": cfg.get("model_type")})
+        default = getattr(derived, key, None) if derived is not None else None
+        if key in _WINDOW_KEYS:
+            w = cfg[key]
+            if isinstance(w, int) and not isinstance(w, bool) and w > 0:
+                out.max_tokens = w if out.max_tokens is None else min(out.max_tokens, w)
+                out.why_max = (f"config.json: sliding_window = {w}, which mlx-lm's {family} never applies: "
+                               f"its numbers are exact for prompts up to {w} tokens")
+            continue
+        if derived is not None and _equal(cfg[key], default):
+            continue
+        if key == "head_dim" and default is None and _equal(cfg[key], _implied_head_dim(cfg)):
+            continue
+        implied = IMPLIED.get(family, {}).get(key)
+        if implied is not None and _equal(cfg[key], implied(cfg)):
+            continue
+        raise ConfigError(f"config.json: {key} = {_show(cfg[key])} is not read by mlx-lm's {family} "
+                          f"(the original model's default: {_show(default)}): its numbers would ignore it")
+
+
+def _implied_head_dim(cfg: Mapping):
+    h, n = cfg.get("hidden_size"), cfg.get("num_attention_heads")
+    return h // n if isinstance(h, int) and isinstance(n, int) and n > 0 else None
+
+
+def _window_everywhere(cfg: dict, out: Normalised, fields: Mapping, family: str) -> None:
+    """A family that applies ``sliding_window`` only to the layers ``layer_types`` marks
+    (mlx-lm's llama) given a config whose original applies it to every layer (Mistral:
+    no layer_types): exact up to the window, bounded there."""
+    w = cfg.get("sliding_window")
+    if "layer_types" not in fields or "sliding_window" not in fields or cfg.get("layer_types") is not None \
+            or isinstance(w, bool) or not isinstance(w, int) or w <= 0 or cfg.get("use_sliding_window") is False:
+        return
+    out.max_tokens = w if out.max_tokens is None else min(out.max_tokens, w)
+    out.why_max = (f"config.json: sliding_window = {w} on every layer, which mlx-lm's {family} applies only to "
+                   f"layers that layer_types marks sliding: its numbers are exact for prompts up to {w} tokens")
+
+
+def config_fields(library: str, family: str) -> dict[str, Any] | None:
+    """The fields ``family``'s ModelArgs reads, with their defaults (None: required)."""
+    fields = _fields(library, family)
+    if fields is None:
+        return None
+    return {n: (_default(f) if _has_default(f) else None) for n, f in fields.items()}
