@@ -1,0 +1,215 @@
+"""Checkpoints exactly as transformers 5 writes them, with torch's logits: one per architecture.
+
+For every case of :data:`CASES` (a transformers model_type and the config fields that
+make it tiny), this script
+
+1. builds the config with transformers' own config class and ``save_pretrained``s a
+   randomly initialised ``AutoModelForCausalLM`` of it: config.json is exactly what
+   transformers writes (``rope_parameters``, renamed keys, its defaults spelled out), the
+   safetensors names and shapes are what its ``save_pretrained`` writes (after its own
+   weight conversions: per-expert tensors, Conv1D layouts, ...);
+2. replaces every stored tensor with :func:`tensor_values` (a numpy generator seeded by the
+   tensor's name: the tests rebuild the file bit for bit from ``tensors.json``);
+3. loads that file back with ``from_pretrained`` (float32, eager attention; any missing or
+   unexpected tensor stops the script) and writes torch's logits on :data:`IDS`.
+
+Committed per case, in tests/data/archs/<case>/: config.json, tensors.json (name -> [shape,
+dtype, base]), logits.npy. torch is never a dependency of the project:
+
+    pip install --target /tmp/torchlib torch==2.13.0
+    PYTHONPATH=/tmp/torchlib .venv/bin/python tests/data/make_arch_refs.py [CASE ...]
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent / "archs"
+IDS = [[3, 17, 42, 7, 99, 250, 1, 64, 128, 5, 200, 31]]  # longer than the sliding windows (4)
+
+#: what makes any config tiny, where the config has the field
+SHRINK = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=16, vocab_size=256, max_position_embeddings=512,
+              moe_intermediate_size=32, shared_expert_intermediate_size=64, num_experts=4, num_local_experts=4,
+              n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, kv_lora_rank=16, q_lora_rank=32,
+              qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, first_k_dense_replace=1, n_group=2,
+              topk_group=1, sliding_window=4, n_embd=64, n_layer=2, n_head=4, n_positions=512, n_inner=128,
+              n_ctx=512, d_model=64, ffn_dim=128, block_size=512, pad_token_id=0)
+
+#: a RoPE no default matches: a transformers-5 config keeps it only in rope_parameters
+ROPE = {"rope_type": "default", "rope_theta": 5000.0}
+
+
+def _rope(**extra):
+    return {"rope_parameters": dict(ROPE, **extra)}
+
+
+#: DeepSeek's YaRN (V2-Lite's factors, a shorter original context)
+YARN = {"rope_parameters": {"rope_type": "yarn", "rope_theta": 5000.0, "factor": 4.0,
+                            "original_max_position_embeddings": 64, "beta_fast": 32.0, "beta_slow": 1.0,
+                            "mscale": 0.707, "mscale_all_dim": 0.707}}
+
+#: case -> (transformers model_type, config fields on top of SHRINK)
+CASES: dict[str, tuple[str, dict]] = {
+    # the op families (also traced op by op)
+    "llama": ("llama", _rope()),
+    "mistral": ("mistral", _rope()),
+    "qwen2": ("qwen2", _rope()),
+    "qwen3": ("qwen3", _rope()),
+    "gemma3_text": ("gemma3_text", dict(query_pre_attn_scalar=24,
+                                        layer_types=["sliding_attention", "full_attention"],
+                                        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0,
+                                                                            "rope_theta": 100000.0},
+                                                         "sliding_attention": {"rope_type": "default",
+                                                                               "rope_theta": 5000.0}})),
+    # dense
+    "gemma": ("gemma", _rope()),
+    "gemma2": ("gemma2", dict(_rope(), query_pre_attn_scalar=24, attn_logit_softcapping=20.0,
+                              final_logit_softcapping=15.0)),
+    "phi": ("phi", _rope(partial_rotary_factor=0.25)),
+    "phi3": ("phi3", _rope(partial_rotary_factor=0.5)),
+    "starcoder2": ("starcoder2", _rope()),
+    "cohere": ("cohere", dict(_rope(), logit_scale=0.125, use_qk_norm=False)),
+    "cohere2": ("cohere2", dict(_rope(), logit_scale=0.125, layer_types=["sliding_attention", "full_attention"])),
+    "smollm3": ("smollm3", dict(_rope(), no_rope_layers=[1, 0])),
+    "olmo2": ("olmo2", _rope()),
+    "olmo3": ("olmo3", dict(layer_types=["sliding_attention", "full_attention"],
+                            rope_parameters={"full_attention": dict(ROPE), "sliding_attention": dict(ROPE)})),
+    "granite": ("granite", dict(_rope(), logits_scaling=4.0, attention_multiplier=0.2, embedding_multiplier=6.0,
+                                residual_multiplier=0.5)),
+    "stablelm": ("stablelm", _rope(partial_rotary_factor=0.25)),
+    "gpt_neox": ("gpt_neox", dict(_rope(partial_rotary_factor=0.25), intermediate_size=256)),
+    "gpt2": ("gpt2", dict(n_inner=None)),
+    "gpt_bigcode": ("gpt_bigcode", {}),
+    "gptj": ("gptj", dict(rotary_dim=8, n_inner=None)),
+    "glm": ("glm", _rope(partial_rotary_factor=0.5)),
+    "glm4": ("glm4", _rope(partial_rotary_factor=0.5)),
+    "helium": ("helium", _rope()),
+    "apertus": ("apertus", dict(_rope(), hidden_act="xielu")),
+    "exaone4": ("exaone4", dict(_rope(), layer_types=["sliding_attention", "full_attention"])),
+    "seed_oss": ("seed_oss", _rope()),
+    "ernie4_5": ("ernie4_5", _rope()),
+    "hunyuan_v1_dense": ("hunyuan_v1_dense", _rope()),
+    "nemotron": ("nemotron", _rope(partial_rotary_factor=0.5)),
+    "olmo": ("olmo", _rope()),
+    # mixture of experts
+    "mixtral": ("mixtral", _rope()),
+    "qwen2_moe": ("qwen2_moe", dict(_rope(), decoder_sparse_step=1, mlp_only_layers=[])),
+    "qwen3_moe": ("qwen3_moe", dict(_rope(), decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True)),
+    "olmoe": ("olmoe", _rope()),
+    "phimoe": ("phimoe", dict(_rope(), attention_bias=True, lm_head_bias=True)),
+    "granitemoe": ("granitemoe", _rope()),
+    "deepseek_v2": ("deepseek_v2", dict(YARN, q_lora_rank=None, n_group=1, topk_group=1, head_dim=8,
+                                        num_key_value_heads=4)),
+    "deepseek_v3": ("deepseek_v3", dict(YARN, head_dim=8, num_key_value_heads=4)),
+    "glm4_moe": ("glm4_moe", _rope(partial_rotary_factor=0.5)),
+    "gpt_oss": ("gpt_oss", dict(_rope(), layer_types=["sliding_attention", "full_attention"])),
+    # state space and hybrids
+    "mamba": ("mamba", dict(state_size=8, conv_kernel=4, expand=2, time_step_rank=8)),
+    "lfm2": ("lfm2", dict(_rope(), layer_types=["conv", "full_attention"], block_ff_dim=128)),
+    "qwen3_next": ("qwen3_next", dict(_rope(partial_rotary_factor=0.5),
+                                      layer_types=["linear_attention", "full_attention"],
+                                      linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
+                                      linear_value_head_dim=16, decoder_sparse_step=1, mlp_only_layers=[])),
+}
+
+
+def tensor_values(name: str, shape, base: float) -> np.ndarray:
+    """The float32 value of a stored tensor, from its name alone: matrices ~ N(0, 1/in),
+    vectors ``base`` (what the model's own init put there: 1 for a norm weight, 0 for a
+    bias) + N(0, 0.1^2)."""
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    v = np.asarray(rng.standard_normal(tuple(shape), dtype=np.float32))
+    if len(shape) >= 2:
+        return v / np.float32(np.sqrt(shape[-1]))
+    return np.asarray(np.float32(base) + np.float32(0.1) * v, dtype=np.float32)
+
+
+def write_checkpoint(dest: Path, case_dir: Path) -> Path:
+    """Rebuild a case's checkpoint (config.json + model.safetensors) in ``dest`` from its
+    committed config.json and tensors.json."""
+    from safetensors.numpy import save_file
+
+    dest.mkdir(parents=True, exist_ok=True)
+    spec = json.loads((case_dir / "tensors.json").read_text())
+    tensors = {}
+    for name, (shape, dtype, base) in spec.items():
+        v = tensor_values(name, shape, base)
+        tensors[name] = v.astype(dtype) if dtype != "bfloat16" else v
+    save_file(tensors, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    shutil.copyfile(case_dir / "config.json", dest / "config.json")
+    return dest
+
+
+def make_config(model_type: str, fields: dict):
+    """transformers' config class built from keyword arguments (so that what it derives,
+    e.g. layer types or head sizes, follows the tiny sizes): SHRINK where the class has
+    the field, then ``fields``."""
+    from transformers import AutoConfig
+
+    cls = type(AutoConfig.for_model(model_type))
+    default = cls().to_dict()
+    kw = {k: v for k, v in SHRINK.items() if k in default}
+    kw.update(fields)
+    return cls(**kw)
+
+
+def build(case: str) -> None:
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    model_type, fields = CASES[case]
+    d = HERE / case
+    torch.manual_seed(0)
+    cfg = make_config(model_type, fields)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+        model.save_pretrained(tmp / "init")
+        spec = {}
+        with safe_open(str(tmp / "init" / "model.safetensors"), "numpy") as f:
+            for name in f.keys():
+                t = f.get_tensor(name)
+                base = float(np.round(t.astype(np.float64).mean(), 3)) if t.ndim < 2 else 0.0
+                spec[name] = [list(t.shape), str(t.dtype), base]
+        d.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(tmp / "init" / "config.json", d / "config.json")
+        (d / "tensors.json").write_text(json.dumps(spec, indent=0))
+        write_checkpoint(tmp / "ckpt", d)
+        model, info = AutoModelForCausalLM.from_pretrained(tmp / "ckpt", dtype=torch.float32,
+                                                           attn_implementation="eager", output_loading_info=True)
+        bad = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+        if bad:
+            raise RuntimeError(f"{case}: {bad}")
+        model.eval()
+        with torch.no_grad():
+            logits = model(torch.tensor(IDS)).logits.float().numpy()
+    if not np.isfinite(logits).all():
+        raise RuntimeError(f"{case}: non-finite logits")
+    np.save(d / "logits.npy", logits.astype(np.float32))
+    print(f"{case}: {len(spec)} tensors, max |logit| {np.abs(logits).max():.3g}", flush=True)
+
+
+def main(argv) -> None:
+    cases = argv or list(CASES)
+    failed = []
+    for case in cases:
+        try:
+            build(case)
+        except Exception as e:  # report every case, then fail
+            failed.append(case)
+            shutil.rmtree(HERE / case, ignore_errors=True)
+            print(f"{case}: FAILED {type(e).__name__}: {' '.join(str(e).split())[:300]}", flush=True)
+    if failed:
+        sys.exit(f"failed: {' '.join(failed)}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
