@@ -95,9 +95,18 @@ def _int_cfg(cfg, key, default):
     return v
 
 
+def _tok(cfg: dict, key: str) -> int:
+    """A placeholder token id, under either of its names (``x_token_id`` / ``x_token_index``)."""
+    other = key[: -len("_id")] + "_index" if key.endswith("_id") else key[: -len("_index")] + "_id"
+    v = cfg.get(key, cfg.get(other))
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"config.json: {key} (or {other}) must be a token id, got {v!r}")
+    return v
+
+
 def prepare(model, text_ids: Sequence[int], images=(), audio=()) -> tuple[mx.array, dict[str, Any]]:
     """(input_ids [1, T], keyword inputs of the reference forward) for one prompt."""
-    cfg = model.full_config
+    cfg = getattr(model, "vlm_config", None) or model.full_config  # (token ids under mlx-vlm's names)
     if model.family == "gemma3":
         if audio:
             raise ValueError("Gemma 3 has no audio tower")
@@ -121,7 +130,7 @@ def prepare(model, text_ids: Sequence[int], images=(), audio=()) -> tuple[mx.arr
             raise ValueError("images of different aspect ratios: trace them one at a time")
         extra["pixel_values"] = mx.array(pv)
         for n in counts:
-            prefix += [cfg["boi_token_id"]] + [cfg["image_token_id"]] * n + [cfg["eoi_token_id"]]
+            prefix += [_tok(cfg, "boi_token_id")] + [_tok(cfg, "image_token_id")] * n + [_tok(cfg, "eoi_token_id")]
     if audio:
         if not isinstance(ac, dict):
             raise ValueError("this checkpoint has no audio tower (config.json has no audio_config)")
@@ -137,7 +146,7 @@ def prepare(model, text_ids: Sequence[int], images=(), audio=()) -> tuple[mx.arr
         extra["input_features_mask"] = mx.array(np.stack(feats["input_features_mask"]))
         for w in waves:
             n = min(math.ceil(1000 * len(w) / fe.sampling_rate / ms), cap)
-            prefix += [cfg["boa_token_id"]] + [cfg["audio_token_id"]] * n + [cfg["eoa_token_id"]]
+            prefix += [_tok(cfg, "boa_token_id")] + [_tok(cfg, "audio_token_id")] * n + [_tok(cfg, "eoa_token_id")]
     ids = mx.array([prefix + list(text_ids)], dtype=mx.int32)
     return ids, extra
 
@@ -145,7 +154,7 @@ def prepare(model, text_ids: Sequence[int], images=(), audio=()) -> tuple[mx.arr
 def _gemma3(model, cfg: dict, text_ids: Sequence[int], images) -> tuple[mx.array, dict[str, Any]]:
     """Gemma 3: SigLIP at ``vision_config.image_size`` (transformers' Gemma 3 image processor,
     its PIL backend: resize, rescale, normalise to [-1, 1]), ``mm_tokens_per_image`` image
-    tokens each between boi and eoi; the reference forward takes an attention mask."""
+    tokens each between boi and eoi (the forward: workbench/reference/gemma3_vlm.py)."""
     from transformers.utils import logging as hf_logging
     hf_logging.set_verbosity_error()  # "PyTorch was not found": we need none of it here
     from transformers import Gemma3ImageProcessorPil
@@ -159,9 +168,8 @@ def _gemma3(model, cfg: dict, text_ids: Sequence[int], images) -> tuple[mx.array
         ip = Gemma3ImageProcessorPil(size={"height": size, "width": size})
         extra["pixel_values"] = mx.array(ip([load_image(x) for x in images], return_tensors="np")["pixel_values"])
         for _ in images:
-            prefix += [cfg["boi_token_index"]] + [cfg["image_token_index"]] * n + [cfg["eoi_token_index"]]
+            prefix += [_tok(cfg, "boi_token_index")] + [_tok(cfg, "image_token_index")] * n + [_tok(cfg, "eoi_token_index")]
     else:
         extra["pixel_values"] = None
     ids = mx.array([prefix + list(text_ids)], dtype=mx.int32)
-    extra["mask"] = mx.ones(ids.shape, dtype=mx.int32)
     return ids, extra

@@ -210,8 +210,7 @@ class ReferenceModel(TextCodec):
         lib = "mlx-vlm" if self.library == "mlx_vlm" else "mlx-lm"
         try:
             if self.library == "mlx_vlm":
-                from mlx_vlm.utils import load_model as vlm_load
-                model = vlm_load(root, lazy=True)
+                model = self._load_vlm(root)
             else:
                 from mlx_lm.utils import load_model as lm_load
                 # (the config as the family reads it: checkpoint/reference_config.py; mlx-lm
@@ -236,6 +235,27 @@ class ReferenceModel(TextCodec):
         mod = registry.import_reference("mlx_lm", self.family)
         return layouts.with_conversion(mod.Model, self.family), mod.ModelArgs
 
+    def _load_vlm(self, root: Path) -> nn.Module:
+        """mlx-vlm's model, built from config.json as mlx-vlm reads it
+        (checkpoint/reference_config_vlm.py: transformers' key names and defaults made explicit)."""
+        from mlx_vlm import utils as vlm_utils
+        from workbench.checkpoint.reference_config_vlm import normalise_vlm, rename_weights
+
+        read, sanitize = vlm_utils.load_config, vlm_utils.sanitize_weights
+
+        def load_config(path, **kw):
+            self.vlm_config = normalise_vlm(read(path, **kw), self.family)
+            return copy.deepcopy(self.vlm_config)
+
+        def sanitize_weights(obj, weights, config=None):  # (transformers 5's tensor names first)
+            return sanitize(obj, rename_weights(weights, self.family) if config is None else weights, config)
+        # (mlx-vlm's load_model reads config.json and renames tensors with no other way in)
+        vlm_utils.load_config, vlm_utils.sanitize_weights = load_config, sanitize_weights
+        try:
+            return vlm_utils.load_model(root, lazy=True)
+        finally:
+            vlm_utils.load_config, vlm_utils.sanitize_weights = read, sanitize
+
     def module(self, dtype=None) -> tuple[nn.Module, dict]:
         """The instrumented reference model computing in ``dtype`` and its step names."""
         dt = parse_dtype(dtype) or self.default_dtype
@@ -255,6 +275,9 @@ class ReferenceModel(TextCodec):
 
     def forward(self, module: nn.Module, ids: mx.array, cache=None, extra: Mapping | None = None):
         if self.library == "mlx_vlm":
+            if self.family == "gemma3":  # (mlx-vlm's own call drops the causal and sliding masks with images)
+                from workbench.reference import gemma3_vlm
+                return gemma3_vlm.forward(module, ids, cache=cache, **dict(extra or {}))
             return module(ids, cache=cache, **dict(extra or {}))
         return module(ids, cache=cache)
 
