@@ -242,7 +242,8 @@ def test_hugging_face_layout_mis_shaped_expert(clean, tmp_path):
     _rewrite(p, lambda w: (_to_hf_experts(w), w.__setitem__(bad, w[bad][:-1])))
     errs = _errors(inspect(p))
     assert [(e.code, e.tensor) for e in errs] == [("shape-mismatch", bad)], [e.message for e in errs]
-    assert "[63, 128], but layer 0's has [64, 128]" in errs[0].message
+    assert "has shape [63, 128], but model.layers.0.block_sparse_moe.experts.0.w2.weight has [64, 128]" \
+        in errs[0].message
 
 
 def test_hugging_face_layout_renamed_tensor_still_misnamed(clean, tmp_path):

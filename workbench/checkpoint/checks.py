@@ -35,8 +35,15 @@ class Context:
             if ti.source_name.endswith(cn):
                 pre[ti.source_name[: len(ti.source_name) - len(cn)]] += 1
         self.prefix = pre.most_common(1)[0][0] if pre else ("model." if ck.config else "")
+        # a family with no table: what the reference's sanitize makes from which stored tensors
+        self.made: dict[str, list[str]] = {}       # canonical name -> stored names it is made from
+        self.made_from: dict[str, str] = {}        # expected canonical name -> the stored one it would be made from
+        self.mis_shaped: set = set()               # stored tensors whose made tensors were reported mis-shaped
 
     def stored(self, canon: str) -> str:
+        made = self.made.get(canon) or ([self.made_from[canon]] if canon in self.made_from else None)
+        if made:
+            return made[0]
         ti = self.ck.canonical.get(canon)
         if ti is not None:
             return ti.source_name
@@ -66,6 +73,7 @@ def check_arch(cx: Context, report):
     present = {n: ck.canonical[n] for n in ck.lm_names()}
     covered, blind = _covered_names(ck)
     quant_names = _quant_names(a.modules())
+    present = _as_loaded(cx, report, a.expected, present, quant_names, covered)
     unexpected, missing, miss_names = _unexpected_and_missing(cx, report, a.expected, present, quant_names,
                                                               covered, blind)
     report_misnamed(cx, report, a, present, unexpected, missing, miss_names)
@@ -116,20 +124,31 @@ def _quant_names(modules) -> set:
     return quant_names
 
 
+def _as_loaded(cx, report, exp, present, quant_names, covered):
+    """A family with no table (expected tensors from the reference model): the checkpoint's
+    tensors as the reference's loader hands them to the model, after its ``sanitize`` (the
+    original Hugging Face layouts it converts: per-expert weights stacked, fused ones split,
+    kernels transposed, ...), named by the stored tensors they are made from.  ``covered``
+    gains what a failing sanitize leaves unknown."""
+    ck = cx.ck
+    if registry.table_family(ck.config) is not None:
+        return present
+    lay = check_layout(ck.config, exp, present)
+    if lay.failed and all(n in exp or n in quant_names for n in present):
+        return present  # sanitize fails on a checkpoint with nothing to convert: checked as it is stored
+    for code, msg, tensor in lay.problems:
+        cx.add(code, "error", msg, tensor=tensor)
+    report.notes.extend(lay.notes)
+    covered.update(lay.assumed)
+    cx.made, cx.made_from = lay.made, lay.made_from
+    return lay.present
+
+
 def _unexpected_and_missing(cx, report, exp, present, quant_names, covered, blind):
-    """(unexpected names, missing expected tensors, missing names incl. their scales/biases);
-    a layout the reference implementation converts consumes and produces names first."""
+    """(unexpected names, missing expected tensors, missing names incl. their scales/biases)."""
     ck = cx.ck
     unexpected = [n for n in present if n not in exp and n not in quant_names]
-    made = set()
-    if unexpected and registry.table_family(ck.config) is None:  # a layout the reference converts?
-        lay = check_layout(ck.config, exp, present)
-        unexpected, made = [n for n in unexpected if n not in lay.consumed], lay.produced
-        for code, msg, tensor in lay.problems:
-            cx.add(code, "error", msg, tensor=tensor)
-        report.notes.extend(lay.notes)
-    missing = [e for e in exp.values() if not e.optional and e.name not in present and e.name not in covered
-               and e.name not in made]
+    missing = [e for e in exp.values() if not e.optional and e.name not in present and e.name not in covered]
     if blind:
         missing = []
         report.notes.append("a shard's header is unreadable and there is no index: missing tensors not listed")
@@ -324,8 +343,25 @@ def _shape_problem(cx, ti, want, quant=False):
     hint = ""
     if len(got) == len(want) == 2 and got == tuple(reversed(want)):
         hint = " (stored transposed?)"
-    cx.add("shape-mismatch", "error", f"{ti.source_name} has shape {list(got)}, expected {list(want)}"
+    what = f"{ti.source_name} has shape {list(got)}"
+    if ti.name in cx.made:  # made by the reference's sanitize
+        if (ti.source_name, quant) in cx.mis_shaped:  # (one stored tensor, several made: said once)
+            return
+        cx.mis_shaped.add((ti.source_name, quant))
+        what = f"{made_from(cx, ti.name)} {'become' if len(cx.made[ti.name]) > 1 else 'becomes'} {ti.name} of " \
+               f"shape {list(got)} (the reference's sanitize converts {'them' if len(cx.made[ti.name]) > 1 else 'it'})"
+    cx.add("shape-mismatch", "error", f"{what}, expected {list(want)}"
            f"{' for its quantization' if quant else ''}{hint}", tensor=ti.source_name, file=ti.file)
+
+
+def made_from(cx, canon: str) -> str:
+    """The stored tensors the reference's sanitize makes ``canon`` from, with their shapes."""
+    srcs = cx.made[canon]
+    out = []
+    for s in srcs[:3]:
+        st = cx.ck.tensors.get(s)
+        out.append(f"{s} {list(st.shape)}" if st is not None else s)
+    return ", ".join(out) + (f" ... ({len(srcs)} tensors)" if len(srcs) > 3 else "")
 
 
 _SHORT = [("self_attn.q_proj", "q"), ("self_attn.k_proj", "k"), ("self_attn.v_proj", "v"), ("self_attn.o_proj", "o"),

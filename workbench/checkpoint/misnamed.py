@@ -35,6 +35,11 @@ def report_misnamed(cx, report, a, present, unexpected, missing, miss_names):
             near = [x for x in (exp_by.nearest(n),) if x]
         sug = cx.stored(near[0]) if near else None
         msg = f"{ti.source_name} ({ti.dtype} {list(ti.shape)}) is not a tensor of {a.family}"
+        if n in cx.made:  # made by the reference's sanitize
+            from workbench.checkpoint.checks import made_from
+
+            msg = f"{made_from(cx, n)} {'become' if len(cx.made[n]) > 1 else 'becomes'} {n} ({ti.dtype} " \
+                  f"{list(ti.shape)}) when the reference's sanitize converts it, which is not a tensor of {a.family}"
         if near and near[0] in miss_names:
             msg += f"; misnamed? the expected {sug} is missing"
         elif near:
@@ -42,11 +47,17 @@ def report_misnamed(cx, report, a, present, unexpected, missing, miss_names):
         cx.add("unexpected-tensor", "error", msg, tensor=ti.source_name, file=ti.file, suggestion=sug)
     unexp_by = N.NearIndex(unexpected)
     renamed_back = {m: u for u, m in renamed.items()}
+    said = set()
     for i, e in enumerate(missing):
         near = [renamed_back[e.name]] if e.name in renamed_back else \
             [x for x in (unexp_by.nearest(e.name),) if x] if i < SUGGEST_MAX else []
         sug = present[near[0]].source_name if near else None
         msg = f"{cx.stored(e.name)} ({list(e.shape)}) is missing"
+        if e.name in cx.made_from:  # an expected tensor the reference's sanitize makes from a stored one
+            if cx.stored(e.name) in said:
+                continue
+            said.add(cx.stored(e.name))
+            msg = f"{cx.stored(e.name)} is missing (the reference's sanitize makes {e.name} {list(e.shape)} from it)"
         if sug:
             msg += f"; a tensor named {sug} exists: misnamed?"
         cx.add("missing-tensor", "error", msg, tensor=cx.stored(e.name), layer=e.layer, suggestion=sug)
