@@ -46,11 +46,12 @@ CONFIGS = {
     "gemma4_keqv": dict(BASE, model_type="gemma4_text", num_hidden_layers=4, head_dim=16, global_head_dim=32,
                         num_key_value_heads=2, num_global_key_value_heads=1, attention_k_eq_v=True,
                         num_kv_shared_layers=0, hidden_size_per_layer_input=0, sliding_window=5,
-                        sliding_window_pattern=2, max_position_embeddings=512),
+                        sliding_window_pattern=2, max_position_embeddings=512, final_logit_softcapping=30.0),
     # MoE block: router + experts in parallel with the dense MLP
     "gemma4_moe": dict(BASE, model_type="gemma4_text", num_hidden_layers=3, head_dim=16, global_head_dim=32,
                        num_kv_shared_layers=0, hidden_size_per_layer_input=0, sliding_window=5,
                        sliding_window_pattern=3, enable_moe_block=True, num_experts=4, top_k_experts=2,
+                       final_logit_softcapping=30.0,
                        moe_intermediate_size=64, max_position_embeddings=512),
 }
 

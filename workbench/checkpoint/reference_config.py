@@ -132,6 +132,17 @@ def _read_with(cls, cfg: Mapping):
         tlog.setLevel(level)
 
 
+_DECLARED: dict = {}
+
+
+def _declared(cls) -> frozenset:
+    """The keys the original's config class declares (its default instance's)."""
+    if cls not in _DECLARED:
+        d = _read_with(cls, {})
+        _DECLARED[cls] = frozenset(d.to_dict()) if d is not None else frozenset()
+    return _DECLARED[cls]
+
+
 def _jsonable(v) -> bool:
     try:
         json.dumps(v)
@@ -210,9 +221,16 @@ def _apply_flat_rope(cfg: dict, out: Normalised, fields: Mapping, family: str, r
                               "reads no RoPE scaling")
 
 
-def _apply_rope(cfg: dict, out: Normalised, fields: Mapping, family: str) -> None:
+def _apply_rope(cfg: dict, out: Normalised, fields: Mapping, family: str, original=None) -> None:
     rp = cfg.get("rope_parameters")
     if rp is None:
+        # the older form: its keys are read as they are; a RoPE base it does not give is the
+        # original's default (only the base: transformers' defaults for scaling are its own)
+        orp = getattr(original, "rope_parameters", None) if original is not None else None
+        theta_f = _ROPE_FIELDS.get(family, ("rope_theta",))[0]
+        if isinstance(orp, Mapping) and _flat_rope(orp) and "rope_theta" in orp and theta_f in fields \
+                and theta_f not in cfg and "rope_theta" not in cfg:
+            _set(cfg, out, theta_f, orp["rope_theta"], "the original's default rope_theta")
         return
     if not isinstance(rp, Mapping):
         raise ConfigError(f"config.json: rope_parameters must be an object, got {_show(rp)}")
@@ -300,21 +318,21 @@ def normalise(config: Mapping, library: str, family: str) -> Normalised:
                 cfg["vocab_size"] = inner.config["vocab_size"]
                 out.filled["vocab_size"] = cfg["vocab_size"]
         return out  # (the wrapper's other keys configure towers mlx-lm does not build)
+    mt = cfg.get("model_type")
+    cls = _original_class(mt) if isinstance(mt, str) else None
+    original = _read_with(cls, cfg) if cls is not None else None
     _apply_per_layer_config(cfg, out, fields, family)
-    _apply_rope(cfg, out, fields, family)
+    _apply_rope(cfg, out, fields, family, original)
     _apply_layer_types(cfg, out, fields, family)
     _window_everywhere(cfg, out, fields, family)
     for target, source in ALIASES.get(family, {}).items():
         if source in cfg and target in fields:
             _set(cfg, out, target, cfg[source], source)
-    mt = cfg.get("model_type")
-    cls = _original_class(mt) if isinstance(mt, str) else None
-    original = _read_with(cls, cfg) if cls is not None else None
     if original is not None:
         _fill_from_original(cfg, out, fields, original)
     _fill_fixed(cfg, out, fields, family)
     if original is not None:
-        _check_unread(cfg, out, fields, family, cls)
+        _check_unread(cfg, out, fields, family, cls, original)
         _check_defaulted(cfg, fields, family)
     return out
 
@@ -323,7 +341,10 @@ def normalise(config: Mapping, library: str, family: str) -> Normalised:
 #: default is what the original's modeling code does (checked against transformers'
 #: modeling files; where a fixture exists, against torch's logits: tests/test_arch_refs.py)
 REVIEWED_DEFAULTS: dict[str, frozenset] = {
-    "*": frozenset({"rope_traditional"}),  # mlx-lm's switch between rotate-half and interleaved RoPE
+    # rope_traditional: mlx-lm's switch between rotate-half and interleaved RoPE;
+    # original_max_position_embeddings: read by long-context RoPE scaling only, which carries
+    # it (rope_parameters, filled above)
+    "*": frozenset({"rope_traditional", "original_max_position_embeddings"}),
     "llama": frozenset({"layer_types", "sliding_window", "mlp_bias", "attention_bias"}),
     "bitnet": frozenset({"mlp_bias"}), "dots1": frozenset({"mlp_bias"}), "olmo2": frozenset({"mlp_bias"}),
     "olmoe": frozenset({"mlp_bias"}), "granitemoehybrid": frozenset({"mlp_bias"}),
@@ -340,9 +361,9 @@ REVIEWED_DEFAULTS: dict[str, frozenset] = {
     "ministral3": frozenset({"layer_types"}),
     # (no num_key_value_heads in per_layer_config: the full layers have the sliding ones' count)
     # (sliding_window_pattern: read only without layer_types, which transformers always writes)
+    # (vocab_size_per_layer_input sizes a tensor: a wrong default is a shape mismatch, never silent)
     "gemma4_text": frozenset({"global_partial_rotary_factor", "partial_rotary_factor", "num_global_key_value_heads",
-                              "sliding_window_pattern"}),
-    "phimoe": frozenset({"original_max_position_embeddings"}),  # read by its longrope only, from rope_parameters
+                              "sliding_window_pattern", "vocab_size_per_layer_input"}),
 }
 
 
@@ -353,6 +374,8 @@ def _check_defaulted(cfg: dict, fields: Mapping, family: str) -> None:
     for name, f in fields.items():
         if name in cfg or name in ok or name in _NOT_FILLED:
             continue
+        if name == "layer_types" and any(p in cfg and p in fields for p in _PERIODS):
+            continue  # given as a period
         d = _default(f) if _has_default(f) else None
         raise ConfigError(f"config.json has no {name!r}, which mlx-lm's {family} reads (its default: {_show(d)}) "
                           "and the original model's config does not carry: workbench has not checked that "
@@ -427,25 +450,28 @@ def _fill_from_original(cfg: dict, out: Normalised, fields: Mapping, original) -
     for name, f in fields.items():
         if name in cfg or name in _NOT_FILLED:
             continue
+        if name == "layer_types" and any(p in cfg and p in fields for p in _PERIODS):
+            continue  # the config gives the pattern as a period the family reads
         try:
             v = getattr(original, name)
         except Exception:  # noqa: BLE001 - the original has no such attribute
             continue
         if callable(v) or not _jsonable(v):
             continue
-        if _has_default(f) and _equal(v, _default(f)):
-            continue
         cfg[name] = copy.deepcopy(v)
-        out.filled[name] = v
+        if not (_has_default(f) and _equal(v, _default(f))):
+            out.filled[name] = v  # (where it differs from what mlx-lm alone would have used)
 
 
-def _check_unread(cfg: dict, out: Normalised, fields: Mapping, family: str, cls) -> None:
+def _check_unread(cfg: dict, out: Normalised, fields: Mapping, family: str, cls, original) -> None:
     """A key the family does not read must not change the numbers (see the module doc)."""
     consumed = set(ALIASES.get(family, {}).values()) | {"rope_parameters", "text_config"} | out.consumed
     for key in list(cfg):
         if key in fields or key in IGNORED or key in consumed or key.endswith("_token_id") or \
                 key in out.filled:
             continue
+        if key not in _declared(cls):
+            continue  # neither the reference nor the original declares it: nobody reads it
         without = {k: v for k, v in cfg.items() if k != key}
         derived = _read_with(cls, without)
         if derived is None:  # (the original cannot read the config without it: its class default)
@@ -460,6 +486,8 @@ def _check_unread(cfg: dict, out: Normalised, fields: Mapping, family: str, cls)
             continue
         if derived is not None and _equal(cfg[key], default):
             continue
+        if derived is not None and _equal(getattr(original, key, None), default):
+            continue  # the original reads the same without it (it derives the field itself)
         if key == "head_dim" and default is None and _equal(cfg[key], _implied_head_dim(cfg)):
             continue
         implied = IMPLIED.get(family, {}).get(key)
@@ -480,7 +508,8 @@ def _window_everywhere(cfg: dict, out: Normalised, fields: Mapping, family: str)
     no layer_types): exact up to the window, bounded there."""
     w = cfg.get("sliding_window")
     if "layer_types" not in fields or "sliding_window" not in fields or cfg.get("layer_types") is not None \
-            or isinstance(w, bool) or not isinstance(w, int) or w <= 0 or cfg.get("use_sliding_window") is False:
+            or isinstance(w, bool) or not isinstance(w, int) or w <= 0 or cfg.get("use_sliding_window") is False \
+            or any(p in cfg for p in _PERIODS):  # (a pattern is given: the window is the sliding layers')
         return
     out.max_tokens = w if out.max_tokens is None else min(out.max_tokens, w)
     out.why_max = (f"config.json: sliding_window = {w} on every layer, which mlx-lm's {family} applies only to "

@@ -65,7 +65,7 @@ ARCHS: dict[str, dict] = {
                   rope_theta=10000.0),
     "gpt_oss": dict(_BASE, model_type="gpt_oss", intermediate_size=64, num_local_experts=4, num_experts_per_tok=2,
                     sliding_window=4, rope_theta=150000.0, layer_types=["sliding_attention", "full_attention"]),
-    "deepseek_v3": dict(_BASE, model_type="deepseek_v3", num_key_value_heads=4, moe_intermediate_size=32,
+    "deepseek_v3": dict(_BASE, model_type="deepseek_v3", num_key_value_heads=4, moe_intermediate_size=32, head_dim=8,
                         n_shared_experts=1, n_routed_experts=4, num_experts_per_tok=2, routed_scaling_factor=1.5,
                         kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, v_head_dim=16, qk_nope_head_dim=16,
                         topk_method="noaux_tc", scoring_func="sigmoid", norm_topk_prob=True, n_group=2,
