@@ -1,6 +1,7 @@
 """Gemma 3 (text): sandwich norms with (1 + w) weights, local/global attention.
 
-* embeddings scaled by sqrt(hidden_size) (rounded to bfloat16, as in the reference);
+* embeddings scaled by sqrt(hidden_size) in the compute dtype (transformers; mlx-lm rounds it to
+  bfloat16 in every dtype);
 * every RMSNorm multiplies by ``1 + weight``;
 * q_norm / k_norm per head; scores scaled by ``query_pre_attn_scalar ** -0.5``;
 * sliding layers: their RoPE (``rope_parameters.sliding_attention``, or base
@@ -101,10 +102,10 @@ def mlp(b: Builder, i: int, h: str) -> str:
 def build(cfg: Config, b: Builder):
     eps = cfg.rms_norm_eps
     rope = {t: rope_params(cfg.head_dim, r) for t, r in cfg.rope.items()}
-    embed_scale = mx.array(cfg.hidden_size ** 0.5, mx.bfloat16)
     x = b.embedding("embed_tokens", "input_ids")
-    x = b.op("embed_scale", "scale", lambda ctx, x: x * embed_scale.astype(x.dtype), [x],
-             factor=float(embed_scale.item()))
+    # sqrt(hidden) in the compute dtype, as transformers (`embed_scale.to(weight.dtype)`):
+    # exact in float32 (mlx-lm rounds it to bfloat16 whatever the dtype)
+    x = b.scale("embed_scale", x, cfg.hidden_size ** 0.5)
     for i in range(cfg.num_hidden_layers):
         L = f"layers.{i}"
         h = b.rmsnorm(f"{L}.input_layernorm", x, eps, plus_one=True)

@@ -23,7 +23,7 @@ import mlx.nn as nn
 
 from workbench import registry
 from workbench.checkpoint import layouts, reference_config
-from workbench.reference import activations
+from workbench.reference import corrections
 from workbench.dtypes import dtype_name, parse_dtype
 from workbench.reference import recorder as R
 from workbench.text import TextCodec
@@ -221,10 +221,11 @@ class ReferenceModel(TextCodec):
             msg = " ".join(str(e).split())[:400] or type(e).__name__
             raise ValueError(f"{root}: {lib}'s {self.family} model cannot be built from this checkpoint: {msg}") from None
         model.eval()
-        try:  # the activation the config names where mlx-lm hard-codes another
-            activations.correct(model, self.family, self.config)
-        except activations.ConfigError as e:
-            raise ValueError(f"{root}: {e}") from None
+        if self.library == "mlx_lm":
+            try:  # where mlx-lm computes other than the config and the original say
+                corrections.correct(model, self.family, self.full_config)
+            except corrections.ConfigError as e:
+                raise ValueError(f"{root}: {e}") from None
         if dtype is not None:
             model.set_dtype(dtype)
         return model, None
