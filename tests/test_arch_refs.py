@@ -19,6 +19,7 @@ here bit for bit and opened as a user would:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib.util
 import json
 import os
@@ -233,3 +234,28 @@ def test_every_field_mlx_lm_reads_is_given_filled_reviewed_or_refused():
     # the known refusals say why in one line
     assert "partial_rotary_factor" in refused["glm"]
     assert "ai2-olmo" in refused["olmo"]
+
+
+def test_a_gemma4_config_written_from_mlx_lms_model_args_opens_at_both_granularities(tmp_path):
+    """Every field of mlx-lm's gemma4_text ModelArgs at its default (tiny sizes aside): keys it
+    declares and ignores or reads at values with no effect are accepted, and both
+    granularities compute the same logits."""
+    from mlx_lm.models.gemma4_text import ModelArgs
+    from workbench.zoo import reference as zr
+
+    args = ModelArgs(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
+                     head_dim=16, global_head_dim=32, vocab_size=256, vocab_size_per_layer_input=256,
+                     num_key_value_heads=2, num_kv_shared_layers=0, hidden_size_per_layer_input=8,
+                     sliding_window=4, sliding_window_pattern=2)
+    cfg = dataclasses.asdict(args)
+    for k in ("global_partial_rotary_factor", "partial_rotary_factor", "rope_traditional"):
+        assert k in cfg
+    path = zr.write(tmp_path / "g4", cfg)
+    ids = mx.array([IDS])
+    op = np.array(workbench.load(path, granularity="op", dtype="float32")(ids))
+    mod = np.array(workbench.load(path, granularity="module")(ids))
+    assert rel_err(op, mod) <= 1e-5
+    bad = dict(cfg, rope_traditional=True)  # a value with an effect the op program does not have
+    (tmp_path / "g4" / "config.json").write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match="rope_traditional = True changes the numbers"):
+        workbench.load(path, granularity="op")

@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass, field
 
 from workbench import registry
+from workbench.checkpoint.reference_config import COMMON_IGNORED  # (one list for both granularities)
 
 #: config model_type -> family of the hand-written tables below (one registry: workbench.registry);
 #: any other type's expected tensors come from its reference model (reference_arch.py)
@@ -107,26 +108,6 @@ def _from_reference(config: dict) -> Arch:
 
 # ---------------------------------------------------------------------- config keys
 
-#: keys any Hugging Face / MLX config may carry that do not change a text model's logits:
-#: provenance, storage dtype, token ids, generation and training settings, and what is
-#: read elsewhere (model_type picks the family, the quantization block is quant.py's)
-COMMON_IGNORED = frozenset({
-    "model_type", "quantization", "quantization_config",
-    "architectures", "transformers_version", "_name_or_path", "torch_dtype", "dtype", "use_cache",
-    "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
-    "initializer_range", "attention_dropout", "output_hidden_states", "output_attentions", "return_dict",
-    "chunk_size_feed_forward", "is_encoder_decoder", "is_decoder", "id2label", "label2id", "problem_type",
-    "tokenizer_class", "prefix", "finetuning_task", "task_specific_params", "torchscript", "use_bfloat16",
-    "tf_legacy_loss", "pruned_heads", "tie_encoder_decoder", "add_cross_attention",
-    "cross_attention_hidden_size", "max_length", "min_length", "do_sample", "early_stopping", "num_beams",
-    "num_beam_groups", "diversity_penalty", "temperature", "top_k", "top_p", "typical_p",
-    "repetition_penalty", "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size",
-    "bad_words_ids", "num_return_sequences", "output_scores", "return_dict_in_generate",
-    "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
-    "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
-})
-
-
 @dataclass(frozen=True)
 class Keys:
     """What a family does with each config.json key: ``handled`` keys are read (and
@@ -171,9 +152,12 @@ KEYS = {
                            "attention_k_eq_v", "final_logit_softcapping", "use_double_wide_mlp",
                            "enable_moe_block", "num_experts", "top_k_experts", "moe_intermediate_size",
                            "tie_word_embeddings"}),
-        # "vision": image tokens attend both ways; text tokens (all we run) stay causal
+        # "vision": image tokens attend both ways; text tokens (all we run) stay causal;
+        # mlx-lm's ModelArgs declares (and a config written from it carries) three more keys:
+        # the two RoPE fractions it never reads (rope_parameters holds them) and its RoPE switch
         only={"hidden_activation": ("gelu_pytorch_tanh",), "attention_bias": (False,),
-              "use_bidirectional_attention": (None, "vision")}),
+              "use_bidirectional_attention": (None, "vision"), "global_partial_rotary_factor": (0.25,),
+              "partial_rotary_factor": (1.0,), "rope_traditional": (False,)}),
 }
 #: keys a multimodal wrapper (the config around text_config) may hold that the text model reads
 WRAPPER_HANDLED = frozenset({"model_type", "text_config", "vocab_size", "tie_word_embeddings",
@@ -504,6 +488,16 @@ def _per_layer(tc, L, lt, hd, kvh, k_eq_v):
     return hds, kvs
 
 
+def _stated(tc, key, mlx_default, hf_default, unless=False):
+    """``tc`` itself, when it gives ``key`` or ``unless`` (the key has no effect); otherwise a
+    ConfigError: mlx-lm and transformers read a missing ``key`` differently (``mlx_default`` /
+    ``hf_default``), so a config without it does not say which model it is."""
+    if key in tc or unless:
+        return tc
+    raise ConfigError(f"config.json has no {key}: transformers reads {_show(hf_default)} there, mlx-lm "
+                      f"{_show(mlx_default)}; add the one this checkpoint was trained with")
+
+
 def _gemma4(tc) -> Arch:
     D = _int(tc, "hidden_size")
     L = _int(tc, "num_hidden_layers")
@@ -512,16 +506,17 @@ def _gemma4(tc) -> Arch:
     I = _int(tc, "intermediate_size", 6144)
     hd = _int(tc, "head_dim", 256)
     kvh = _int(tc, "num_key_value_heads", 1)
-    nshared = _int(tc, "num_kv_shared_layers", 20, positive=False)
+    # (where mlx-lm and transformers default differently, the config must say: _stated)
+    nshared = _int(_stated(tc, "num_kv_shared_layers", 20, 0), "num_kv_shared_layers", positive=False)
     P = _int(tc, "hidden_size_per_layer_input", 256, positive=False, allow_none=True) or 0
     Vp = _int(tc, "vocab_size_per_layer_input", 262144, allow_none=True) or V
     k_eq_v = _bool(tc, "attention_k_eq_v", False)
-    double = _bool(tc, "use_double_wide_mlp", True)
+    double = _bool(_stated(tc, "use_double_wide_mlp", True, False, unless=nshared == 0), "use_double_wide_mlp", True)
     moe = _bool(tc, "enable_moe_block", False)
     tied = _bool(tc, "tie_word_embeddings", True)
     eps = _float(tc, "rms_norm_eps", 1e-6, maximum=1.0)
     window = _int(tc, "sliding_window", 512)
-    cap = _float(tc, "final_logit_softcapping", 30.0, allow_none=True)
+    cap = _float(_stated(tc, "final_logit_softcapping", 30.0, None), "final_logit_softcapping", allow_none=True)
     pat = _int(tc, "sliding_window_pattern", 5)
     p = ["sliding_attention"] * (pat - 1) + ["full_attention"]
     lt = _layer_types(tc, L, (p * (L // len(p) + 1))[:L])

@@ -13,7 +13,7 @@ from collections import Counter
 
 from workbench import registry
 from workbench.checkpoint import names as N
-from workbench.checkpoint.misnamed import report_misnamed
+from workbench.checkpoint.misnamed import made_from, report_misnamed
 from workbench.checkpoint.quant import infer
 from workbench.checkpoint.reader import Checkpoint, Problem
 from workbench.checkpoint.reference_arch import check_layout
@@ -352,16 +352,6 @@ def _shape_problem(cx, ti, want, quant=False):
                f"shape {list(got)} (the reference's sanitize converts {'them' if len(cx.made[ti.name]) > 1 else 'it'})"
     cx.add("shape-mismatch", "error", f"{what}, expected {list(want)}"
            f"{' for its quantization' if quant else ''}{hint}", tensor=ti.source_name, file=ti.file)
-
-
-def made_from(cx, canon: str) -> str:
-    """The stored tensors the reference's sanitize makes ``canon`` from, with their shapes."""
-    srcs = cx.made[canon]
-    out = []
-    for s in srcs[:3]:
-        st = cx.ck.tensors.get(s)
-        out.append(f"{s} {list(st.shape)}" if st is not None else s)
-    return ", ".join(out) + (f" ... ({len(srcs)} tensors)" if len(srcs) > 3 else "")
 
 
 _SHORT = [("self_attn.q_proj", "q"), ("self_attn.k_proj", "k"), ("self_attn.v_proj", "v"), ("self_attn.o_proj", "o"),

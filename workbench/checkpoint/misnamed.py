@@ -36,8 +36,6 @@ def report_misnamed(cx, report, a, present, unexpected, missing, miss_names):
         sug = cx.stored(near[0]) if near else None
         msg = f"{ti.source_name} ({ti.dtype} {list(ti.shape)}) is not a tensor of {a.family}"
         if n in cx.made:  # made by the reference's sanitize
-            from workbench.checkpoint.checks import made_from
-
             msg = f"{made_from(cx, n)} {'become' if len(cx.made[n]) > 1 else 'becomes'} {n} ({ti.dtype} " \
                   f"{list(ti.shape)}) when the reference's sanitize converts it, which is not a tensor of {a.family}"
         if near and near[0] in miss_names:
@@ -100,3 +98,13 @@ def rename_matches(unexpected, missing):
             taken.add(hit)
             rules[rule] += 1
     return out, rules
+
+
+def made_from(cx, canon: str) -> str:
+    """The stored tensors the reference's sanitize makes ``canon`` from, with their shapes."""
+    srcs = cx.made[canon]
+    out = []
+    for s in srcs[:3]:
+        st = cx.ck.tensors.get(s)
+        out.append(f"{s} {list(st.shape)}" if st is not None else s)
+    return ", ".join(out) + (f" ... ({len(srcs)} tensors)" if len(srcs) > 3 else "")

@@ -37,11 +37,30 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from workbench import registry
-from workbench.checkpoint.arch import COMMON_IGNORED
 
 
 class ConfigError(ValueError):
     """config.json holds something the reference would silently get wrong (message names it)."""
+
+
+#: keys any Hugging Face / MLX config may carry that do not change a text model's logits:
+#: provenance, storage dtype, token ids, generation and training settings, and what is
+#: read elsewhere (model_type picks the family, the quantization block is quant.py's)
+COMMON_IGNORED = frozenset({
+    "model_type", "quantization", "quantization_config",
+    "architectures", "transformers_version", "_name_or_path", "torch_dtype", "dtype", "use_cache",
+    "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
+    "initializer_range", "attention_dropout", "output_hidden_states", "output_attentions", "return_dict",
+    "chunk_size_feed_forward", "is_encoder_decoder", "is_decoder", "id2label", "label2id", "problem_type",
+    "tokenizer_class", "prefix", "finetuning_task", "task_specific_params", "torchscript", "use_bfloat16",
+    "tf_legacy_loss", "pruned_heads", "tie_encoder_decoder", "add_cross_attention",
+    "cross_attention_hidden_size", "max_length", "min_length", "do_sample", "early_stopping", "num_beams",
+    "num_beam_groups", "diversity_penalty", "temperature", "top_k", "top_p", "typical_p",
+    "repetition_penalty", "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size",
+    "bad_words_ids", "num_return_sequences", "output_scores", "return_dict_in_generate",
+    "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
+    "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
+})
 
 
 #: keys that never change a causal LM's logits at inference: provenance, training-only
