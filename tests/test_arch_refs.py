@@ -259,3 +259,16 @@ def test_a_gemma4_config_written_from_mlx_lms_model_args_opens_at_both_granulari
     (tmp_path / "g4" / "config.json").write_text(json.dumps(bad))
     with pytest.raises(ValueError, match="rope_traditional = True changes the numbers"):
         workbench.load(path, granularity="op")
+
+
+def test_a_dtype_an_mlx_kernel_cannot_run_here_is_refused_before_running(ckpts, capsys):
+    """Unquantized experts call gather_mm, which MLX's CPU backend runs in float32 only: a
+    float16 hunt is one line naming the dtype that works (exit 2), not MLX's traceback."""
+    code = main(["hunt", str(ckpts["qwen2_moe"]), "--ids", "3,17,42", "--dtype", "float16", "--json"])
+    out, err = capsys.readouterr()
+    if mx.default_device() != mx.cpu:  # (a GPU runs gather_mm in float16)
+        assert code == 0
+    else:
+        assert code == 2
+        assert "float32 only, not float16" in json.loads(out)["error"] and len(err.strip().splitlines()) == 1
+    assert main(["hunt", str(ckpts["qwen2_moe"]), "--ids", "3,17,42", "--dtype", "float32", "--json"]) == 0

@@ -296,6 +296,7 @@ class ReferenceModel(TextCodec):
         module, _ = self.module(dtype)
         ids = mx.array(ids) if not isinstance(ids, mx.array) else ids
         self.check_length(ids.shape[-1], cache)
+        self.check_dtype(dtype)
         out = self.forward(module, ids[None] if ids.ndim == 1 else ids, cache, extra)
         primary, _ = R.primary_array(out)
         return primary
@@ -333,10 +334,24 @@ class ReferenceModel(TextCodec):
                 raise ValueError(f"token id {hi if hi >= self.vocab_size else lo} out of range for a "
                                  f"vocabulary of {self.vocab_size}")
         self.check_length(ids.shape[-1], cache)
+        self.check_dtype(dtype)
         dt = parse_dtype(dtype) or self.default_dtype
         session = Session(self, ids, dt, cache, extra)
         return ModuleTrace(session, capture=capture, breakpoints=breakpoints, interventions=interventions,
                            model=self, batched=batched, ids=ids, attention_mask=None, **kw)
+
+    def check_dtype(self, dtype) -> None:
+        """Refuse, before running, a compute dtype an MLX kernel this model calls cannot run on
+        this device: unquantized mixture-of-experts layers (mlx-lm's ``SwitchLinear``) call
+        ``gather_mm``, which MLX's CPU backend computes in float32 only."""
+        dt = parse_dtype(dtype) or self.default_dtype
+        if dt == mx.float32 or _gather_mm_runs(dt):
+            return
+        module, _ = self.module(self.default_dtype)
+        if any(type(m).__name__ == "SwitchLinear" for _, m in module.named_modules()):
+            raise TraceError(f"this model's unquantized experts run on MLX's gather_mm, which on this device "
+                             f"({mx.default_device()}) computes in float32 only, not {dtype_name(dt)}: use "
+                             "dtype='float32' (--dtype float32)")
 
     def check_length(self, n: int, cache=None) -> None:
         """Refuse a forward that would reach past :attr:`max_tokens` (a sliding window the
@@ -405,6 +420,21 @@ def _layers(model: nn.Module) -> list:
             if isinstance(v, (list, tuple)) and len(v) > len(best) and all(isinstance(e, nn.Module) for e in v):
                 best = list(v)
     return best
+
+
+_GATHER_MM: dict = {}
+
+
+def _gather_mm_runs(dtype) -> bool:
+    """Whether ``mx.gather_mm`` runs in ``dtype`` on the default device (probed once)."""
+    key = (str(mx.default_device()), dtype)
+    if key not in _GATHER_MM:
+        try:
+            mx.eval(mx.gather_mm(mx.ones((1, 1, 2), dtype), mx.ones((2, 2, 2), dtype), rhs_indices=mx.array([1])))
+            _GATHER_MM[key] = True
+        except (RuntimeError, ValueError):
+            _GATHER_MM[key] = False
+    return _GATHER_MM[key]
 
 
 def _storage_dtype(model: nn.Module):
