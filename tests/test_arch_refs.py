@@ -48,7 +48,7 @@ REFUSED = {
 }
 #: cases whose family never applies the config's sliding window (4 tokens here)
 WINDOWED = {"gemma2", "mistral", "mixtral", "phi3", "starcoder2", "phimoe"}
-OP_FAMILIES = {"llama", "mistral", "qwen2", "qwen3", "gemma3_text"}
+OP_FAMILIES = {"llama", "mistral", "qwen2", "qwen3", "gemma3_text", "gemma4_text"}
 CASES = sorted(p.name for p in DATA.iterdir() if p.is_dir())
 TOL = 1e-4
 
@@ -219,10 +219,12 @@ def test_every_field_mlx_lm_reads_is_given_filled_reviewed_or_refused():
         fields = RC.config_fields("mlx_lm", fam)
         if "text_config" in fields:
             tc = n.config.get("text_config") or {}
-            inner = registry.lm_module(tc.get("model_type", "")) if isinstance(tc, dict) else None
+            tmt = tc.get("model_type", "") if isinstance(tc, dict) else ""
+            inner = registry.lm_module(tmt)
             if inner is None:
                 continue
-            fields, given, fam = RC.config_fields("mlx_lm", inner), tc, inner
+            args = "TextConfig" if registry.WRAPPED_TEXT.get(tmt) == inner else "ModelArgs"
+            fields, given, fam = RC.config_fields("mlx_lm", inner, args), tc, inner
         else:
             given = n.config
         ok = RC.REVIEWED_DEFAULTS["*"] | RC.REVIEWED_DEFAULTS.get(fam, frozenset())

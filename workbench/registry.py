@@ -100,11 +100,17 @@ def lm_module(mt: str) -> str | None:
     return _lm_module(mt)
 
 
+#: text-only model types mlx-lm builds through its multimodal wrapper's language model
+#: (the config is wrapped as text_config, the names moved under language_model: checkpoint/
+#: reference_config.py and layouts.py)
+WRAPPED_TEXT = {"gemma3n_text": "gemma3n"}
+
+
 def _lm_module(mt: str) -> str | None:
     if not _installed("mlx_lm"):
         return None
     from mlx_lm.utils import MODEL_REMAPPING
-    name = MODEL_REMAPPING.get(mt, mt)
+    name = MODEL_REMAPPING.get(mt, WRAPPED_TEXT.get(mt, mt))
     try:
         return name if importlib.util.find_spec(f"mlx_lm.models.{name}") is not None else None
     except (ImportError, ValueError):  # a model_type that is no module name ("kosmos-2.5")

@@ -69,6 +69,17 @@ CASES: dict[str, tuple[str, dict]] = {
                                                                             "rope_theta": 100000.0},
                                                          "sliding_attention": {"rope_type": "default",
                                                                                "rope_theta": 5000.0}})),
+    # Gemma 4 as transformers 5 writes it: per_layer_config, per-type rope_parameters, PLE
+    "gemma4_text": ("gemma4_text", dict(hidden_size=80, num_hidden_layers=4, global_head_dim=32,
+                                        hidden_size_per_layer_input=8, vocab_size_per_layer_input=256,
+                                        num_kv_shared_layers=2, use_double_wide_mlp=True,
+                                        final_logit_softcapping=30.0,
+                                        layer_types=["sliding_attention", "full_attention",
+                                                     "sliding_attention", "full_attention"])),
+    "gemma3n_text": ("gemma3n_text", dict(num_hidden_layers=2, vocab_size_per_layer_input=256,
+                                          hidden_size_per_layer_input=16, num_kv_shared_layers=0,
+                                          laurel_rank=8, layer_types=["sliding_attention", "full_attention"],
+                                          activation_sparsity_pattern=[0.0, 0.0], intermediate_size=[128, 128])),
     # dense
     "gemma": ("gemma", dict(_rope(), hidden_size=80)),
     "gemma2": ("gemma2", dict(_rope(), hidden_size=80, query_pre_attn_scalar=24, attn_logit_softcapping=20.0,

@@ -7,6 +7,8 @@ does read, by name and shape only (a transpose or a rename: works on arrays and 
 placeholders alike), before that sanitize runs:
 
 * gpt2: names under ``transformer.`` (the original checkpoints have none);
+* gemma3n: a text-only checkpoint's names (``model.layers...``) under the wrapper's
+  ``model.language_model.``;
 * gpt_oss: unquantized experts as transformers stores them (``experts.gate_up_proj``
   [E, hidden, 2 x inter], ``experts.down_proj`` [E, inter, hidden], input-major), which
   mlx-lm's sanitize reads only in the MXFP4 block layout: made ``.weight`` [E, out, in].
@@ -33,8 +35,17 @@ def _gpt_oss(weights: Mapping) -> dict:
     return out
 
 
+def _gemma3n(weights: Mapping) -> dict:
+    """A text-only Gemma 3n checkpoint (transformers' Gemma3nForCausalLM: ``model.layers...``)
+    under the wrapper's ``model.language_model.``; a multimodal one is left as it is."""
+    if any(k.startswith("model.language_model.") for k in weights):
+        return dict(weights)
+    return {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v
+            for k, v in weights.items()}
+
+
 #: reference family -> conversion (weights by stored name -> weights the family's sanitize reads)
-CONVERSIONS: dict[str, Callable[[Mapping], dict]] = {"gpt2": _gpt2, "gpt_oss": _gpt_oss}
+CONVERSIONS: dict[str, Callable[[Mapping], dict]] = {"gpt2": _gpt2, "gpt_oss": _gpt_oss, "gemma3n": _gemma3n}
 
 
 def convert(family: str, weights: Mapping) -> dict:

@@ -111,9 +111,9 @@ def _show(v) -> str:
     return r if len(r) <= 60 else r[:57] + "..."
 
 
-def _fields(library: str, family: str) -> dict[str, dataclasses.Field] | None:
+def _fields(library: str, family: str, args: str = "ModelArgs") -> dict[str, dataclasses.Field] | None:
     mod = registry.import_reference(library, family)
-    args = getattr(mod, "ModelArgs", None)
+    args = getattr(mod, args, None)
     return {f.name: f for f in dataclasses.fields(args)} if dataclasses.is_dataclass(args) else None
 
 
@@ -313,21 +313,30 @@ def _apply_layer_types(cfg: dict, out: Normalised, fields: Mapping, family: str)
 
 # ---------------------------------------------------------------------- the whole config
 
-def normalise(config: Mapping, library: str, family: str) -> Normalised:
-    """The config (a deep copy) in the form ``library``'s ``family`` reads; ConfigError
-    naming the key when something it would get wrong cannot be made explicit."""
+def normalise(config: Mapping, library: str, family: str, *, args: str = "ModelArgs") -> Normalised:
+    """The config (a deep copy) in the form ``library``'s ``family`` reads (through its
+    dataclass ``args``); ConfigError naming the key when something it would get wrong cannot
+    be made explicit."""
     cfg = copy.deepcopy(dict(config))
     out = Normalised(cfg)
     if library != "mlx_lm":
         return out
-    fields = _fields(library, family)
+    if args == "ModelArgs" and registry.WRAPPED_TEXT.get(cfg.get("model_type")) == family:
+        # a text-only checkpoint of a family mlx-lm builds through its wrapper: the config,
+        # read as the wrapper's TextConfig, is its text_config (its keys stay at the top too)
+        inner = normalise(config, library, family, args="TextConfig")
+        inner.config = dict(inner.config, model_type=family, text_config=copy.deepcopy(inner.config))
+        return inner
+    fields = _fields(library, family, args)
     if fields is None:
         return out
     if "text_config" in fields:  # a wrapper: its language model reads text_config
         tc = cfg.get("text_config")
         tmt = tc.get("model_type") if isinstance(tc, Mapping) else None
         if isinstance(tmt, str) and registry.lm_module(tmt) is not None:
-            inner = normalise(tc, library, registry.lm_module(tmt))
+            fam = registry.lm_module(tmt)
+            inner = normalise(tc, library, fam, args="TextConfig" if registry.WRAPPED_TEXT.get(tmt) == fam
+                              else "ModelArgs")
             cfg["text_config"] = inner.config
             out.filled.update({f"text_config.{k}": v for k, v in inner.filled.items()})
             out.max_tokens, out.why_max = inner.max_tokens, inner.why_max
@@ -535,9 +544,9 @@ def _window_everywhere(cfg: dict, out: Normalised, fields: Mapping, family: str)
                    f"layers that layer_types marks sliding: its numbers are exact for prompts up to {w} tokens")
 
 
-def config_fields(library: str, family: str) -> dict[str, Any] | None:
-    """The fields ``family``'s ModelArgs reads, with their defaults (None: required)."""
-    fields = _fields(library, family)
+def config_fields(library: str, family: str, args: str = "ModelArgs") -> dict[str, Any] | None:
+    """The fields ``family``'s dataclass ``args`` reads, with their defaults (None: required)."""
+    fields = _fields(library, family, args)
     if fields is None:
         return None
     return {n: (_default(f) if _has_default(f) else None) for n, f in fields.items()}
