@@ -106,7 +106,8 @@ class Normalised:
     why_max: str = ""
 
 
-def _show(v) -> str:
+def show(v) -> str:
+    """A config value as a message shows it (JSON, cut at 60 characters)."""
     r = json.dumps(v) if isinstance(v, (dict, list, str, int, float, bool, type(None))) else repr(v)
     return r if len(r) <= 60 else r[:57] + "..."
 
@@ -162,6 +163,14 @@ def _declared(cls) -> frozenset:
     return _DECLARED[cls]
 
 
+def original_config(cfg: Mapping):
+    """transformers' own reading of ``cfg`` (its config class for ``model_type``: defaults and
+    derived values filled in), or None when it has no such class or refuses the config."""
+    mt = cfg.get("model_type")
+    cls = _original_class(mt) if isinstance(mt, str) else None
+    return _read_with(cls, cfg) if cls is not None else None
+
+
 def _jsonable(v) -> bool:
     try:
         json.dumps(v)
@@ -170,15 +179,16 @@ def _jsonable(v) -> bool:
         return False
 
 
-def _equal(a, b) -> bool:
+def equal(a, b) -> bool:
+    """Config values equal as JSON reads them (booleans are not numbers; floats to 1e-12)."""
     if isinstance(a, bool) or isinstance(b, bool):
         return a is b
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):
         return a == b or (isinstance(a, float) and isinstance(b, float) and math.isclose(a, b, rel_tol=1e-12))
     if isinstance(a, Mapping) and isinstance(b, Mapping):
-        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+        return a.keys() == b.keys() and all(equal(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(equal(x, y) for x, y in zip(a, b))
     return a == b
 
 
@@ -196,8 +206,8 @@ def _flat_rope(rp: Mapping) -> bool:
 def _set(cfg: dict, out: Normalised, key: str, value, source: str) -> None:
     """Set ``key`` from ``source``; refuse if the config already says something else."""
     if key in cfg and cfg[key] is not None:
-        if not _equal(cfg[key], value):
-            raise ConfigError(f"config.json: {key} = {_show(cfg[key])} and {source} = {_show(value)} disagree")
+        if not equal(cfg[key], value):
+            raise ConfigError(f"config.json: {key} = {show(cfg[key])} and {source} = {show(value)} disagree")
         return
     cfg[key] = value
     out.filled[key] = value
@@ -217,14 +227,14 @@ def _apply_flat_rope(cfg: dict, out: Normalised, fields: Mapping, family: str, r
         if theta_f in fields:
             _set(cfg, out, theta_f, rp["rope_theta"], f"{where}.rope_theta")
         elif "rope_parameters" not in fields:
-            raise ConfigError(f"config.json: {where}.rope_theta = {_show(rp['rope_theta'])}, but mlx-lm's "
+            raise ConfigError(f"config.json: {where}.rope_theta = {show(rp['rope_theta'])}, but mlx-lm's "
                               f"{family} reads no RoPE base")
     if "partial_rotary_factor" in rp:
         frac = rp["partial_rotary_factor"]
         if frac_f in fields:
             _set(cfg, out, frac_f, frac, f"{where}.partial_rotary_factor")
-        elif "rope_parameters" not in fields and not _equal(frac, 1.0):
-            raise ConfigError(f"config.json: {where}.partial_rotary_factor = {_show(frac)}, but mlx-lm's "
+        elif "rope_parameters" not in fields and not equal(frac, 1.0):
+            raise ConfigError(f"config.json: {where}.partial_rotary_factor = {show(frac)}, but mlx-lm's "
                               f"{family} rotates every dimension")
     if "original_max_position_embeddings" in rp and "original_max_position_embeddings" in fields:
         _set(cfg, out, "original_max_position_embeddings", rp["original_max_position_embeddings"],
@@ -236,7 +246,7 @@ def _apply_flat_rope(cfg: dict, out: Normalised, fields: Mapping, family: str, r
                 cfg["rope_scaling"] = s
                 out.filled["rope_scaling"] = s
         elif "rope_parameters" not in fields:
-            raise ConfigError(f"config.json: {where}.rope_type = {_show(s['type'])}, but mlx-lm's {family} "
+            raise ConfigError(f"config.json: {where}.rope_type = {show(s['type'])}, but mlx-lm's {family} "
                               "reads no RoPE scaling")
 
 
@@ -252,7 +262,7 @@ def _apply_rope(cfg: dict, out: Normalised, fields: Mapping, family: str, origin
             _set(cfg, out, theta_f, orp["rope_theta"], "the original's default rope_theta")
         return
     if not isinstance(rp, Mapping):
-        raise ConfigError(f"config.json: rope_parameters must be an object, got {_show(rp)}")
+        raise ConfigError(f"config.json: rope_parameters must be an object, got {show(rp)}")
     if _flat_rope(rp):
         _apply_flat_rope(cfg, out, fields, family, rp, "rope_parameters")
         return
@@ -262,13 +272,13 @@ def _apply_rope(cfg: dict, out: Normalised, fields: Mapping, family: str, origin
         full, slide = rp.get("full_attention", {}), rp.get("sliding_attention", {})
         if _scaling(slide) is not None:
             raise ConfigError("config.json: rope_parameters.sliding_attention scales its RoPE "
-                              f"({_show(slide.get('rope_type'))}), which mlx-lm's {family} does not")
+                              f"({show(slide.get('rope_type'))}), which mlx-lm's {family} does not")
         if "rope_theta" in slide:
             _set(cfg, out, "rope_local_base_freq", slide["rope_theta"], "rope_parameters.sliding_attention.rope_theta")
         _apply_flat_rope(cfg, out, fields, family, full, "rope_parameters.full_attention")
         return
     kinds = list(rp.values())
-    if all(_equal(k, kinds[0]) for k in kinds):
+    if all(equal(k, kinds[0]) for k in kinds):
         _apply_flat_rope(cfg, out, fields, family, kinds[0], f"rope_parameters.{next(iter(rp))}")
         return
     if "rope_parameters" not in fields:
@@ -297,11 +307,11 @@ def _apply_layer_types(cfg: dict, out: Normalised, fields: Mapping, family: str)
         if period not in fields:
             continue
         if not isinstance(lt, list) or not lt or any(t not in (kind, every) for t in lt):
-            raise ConfigError(f"config.json: layer_types = {_show(lt)}: mlx-lm's {family} reads {kind} and "
+            raise ConfigError(f"config.json: layer_types = {show(lt)}: mlx-lm's {family} reads {kind} and "
                               f"{every} layers only")
         p = lt.index(every) + 1 if every in lt else len(lt) + 1
         if any((t == every) != ((i + 1) % p == 0) for i, t in enumerate(lt)):
-            raise ConfigError(f"config.json: layer_types = {_show(lt)} is not every {p}-th layer {every}, the "
+            raise ConfigError(f"config.json: layer_types = {show(lt)} is not every {p}-th layer {every}, the "
                               f"only pattern mlx-lm's {family} reads ({period})")
         value = "L" * (p - 1) + ("G" if p <= len(lt) else "") if family in _PERIOD_AS_STRING else p
         if cfg.get(period) != value:
@@ -405,7 +415,7 @@ def _check_defaulted(cfg: dict, fields: Mapping, family: str) -> None:
         if name == "layer_types" and any(p in cfg and p in fields for p in _PERIODS):
             continue  # given as a period
         d = _default(f) if _has_default(f) else None
-        raise ConfigError(f"config.json has no {name!r}, which mlx-lm's {family} reads (its default: {_show(d)}) "
+        raise ConfigError(f"config.json has no {name!r}, which mlx-lm's {family} reads (its default: {show(d)}) "
                           "and the original model's config does not carry: workbench has not checked that "
                           "default against the original")
 
@@ -417,7 +427,7 @@ def _apply_per_layer_config(cfg: dict, out: Normalised, fields: Mapping, family:
     if plc is None or "global_head_dim" not in fields:
         return
     if not isinstance(plc, Mapping) or any(not isinstance(v, Mapping) for v in plc.values()):
-        raise ConfigError(f"config.json: per_layer_config = {_show(plc)} is not one object per layer")
+        raise ConfigError(f"config.json: per_layer_config = {show(plc)} is not one object per layer")
     lt = cfg.get("layer_types")
     full = {str(i) for i, t in enumerate(lt) if t == "full_attention"} if isinstance(lt, list) else None
     keys = {str(int(k)) if str(k).isdigit() else str(k) for k in plc}
@@ -487,7 +497,7 @@ def _fill_from_original(cfg: dict, out: Normalised, fields: Mapping, original) -
         if callable(v) or not _jsonable(v):
             continue
         cfg[name] = copy.deepcopy(v)
-        if not (_has_default(f) and _equal(v, _default(f))):
+        if not (_has_default(f) and equal(v, _default(f))):
             out.filled[name] = v  # (where it differs from what mlx-lm alone would have used)
 
 
@@ -512,17 +522,17 @@ def _check_unread(cfg: dict, out: Normalised, fields: Mapping, family: str, cls,
                 out.why_max = (f"config.json: sliding_window = {w}, which mlx-lm's {family} never applies: "
                                f"its numbers are exact for prompts up to {w} tokens")
             continue
-        if derived is not None and _equal(cfg[key], default):
+        if derived is not None and equal(cfg[key], default):
             continue
-        if derived is not None and _equal(getattr(original, key, None), default):
+        if derived is not None and equal(getattr(original, key, None), default):
             continue  # the original reads the same without it (it derives the field itself)
-        if key == "head_dim" and default is None and _equal(cfg[key], _implied_head_dim(cfg)):
+        if key == "head_dim" and default is None and equal(cfg[key], _implied_head_dim(cfg)):
             continue
         implied = IMPLIED.get(family, {}).get(key)
-        if implied is not None and _equal(cfg[key], implied(cfg)):
+        if implied is not None and equal(cfg[key], implied(cfg)):
             continue
-        raise ConfigError(f"config.json: {key} = {_show(cfg[key])} is not read by mlx-lm's {family} "
-                          f"(the original model's default: {_show(default)}): its numbers would ignore it")
+        raise ConfigError(f"config.json: {key} = {show(cfg[key])} is not read by mlx-lm's {family} "
+                          f"(the original model's default: {show(default)}): its numbers would ignore it")
 
 
 def _implied_head_dim(cfg: Mapping):

@@ -29,12 +29,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import importlib
-import logging
-import math
-import warnings
-from typing import Any, Mapping
+from typing import Mapping
 
-from workbench.checkpoint.arch import COMMON_IGNORED
+from workbench.checkpoint.reference_config import COMMON_IGNORED, equal, original_config, show
 
 
 class VLMConfigError(ValueError):
@@ -102,32 +99,15 @@ def normalise_vlm(config: Mapping, family: str) -> dict:
 
 # ---------------------------------------------------------------------- helpers
 
-def _show(v) -> str:
-    s = repr(v)
-    return s if len(s) <= 60 else s[:57] + "..."
-
-
 def _where(key: str | None, name: str) -> str:
     return f"{key}.{name}" if key else name
 
 
-def _equal(a, b) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool):
-        return a is b
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return a == b or math.isclose(a, b, rel_tol=1e-12)
-    if isinstance(a, Mapping) and isinstance(b, Mapping):
-        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
-    return a == b
-
-
 def _set(d: dict, key: str, value, source: str, where: str | None = None) -> None:
     """Set ``d[key]`` from ``source``; refuse when the config already says something else."""
-    if d.get(key) is not None and not _equal(d[key], value):
-        raise VLMConfigError(f"config.json: {_where(where, key)} = {_show(d[key])} and {source} = "
-                             f"{_show(value)} disagree")
+    if d.get(key) is not None and not equal(d[key], value):
+        raise VLMConfigError(f"config.json: {_where(where, key)} = {show(d[key])} and {source} = "
+                             f"{show(value)} disagree")
     d[key] = value
 
 
@@ -141,22 +121,9 @@ def _fields(family: str, part: str) -> set[str]:
 
 
 def _original(cfg: dict) -> dict | None:
-    """transformers' reading of the config (its config class, defaults and derived values
-    filled in), or None when it cannot read it."""
-    mt = cfg.get("model_type")
-    tlog = logging.getLogger("transformers")
-    level = tlog.level
-    tlog.setLevel(logging.ERROR)
-    try:
-        from transformers import CONFIG_MAPPING
-        cls = CONFIG_MAPPING[mt]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return cls.from_dict(copy.deepcopy(cfg)).to_dict()
-    except Exception:  # noqa: BLE001 - no transformers, or it refuses the config: our rules only
-        return None
-    finally:
-        tlog.setLevel(level)
+    """transformers' reading of the config as a dict, or None when it cannot read it."""
+    o = original_config(cfg)
+    return o.to_dict() if o is not None else None
 
 
 #: never filled from transformers' reading (this module derives them, or they are mlx-vlm's own)
@@ -198,7 +165,7 @@ def _layer_types(tc: dict, where: str) -> list[str] | None:
     n = tc.get("num_hidden_layers")
     if not isinstance(lt, list) or not all(t in ("sliding_attention", "full_attention") for t in lt):
         raise VLMConfigError(f"config.json: {where}.layer_types must list 'sliding_attention' / 'full_attention', "
-                             f"got {_show(lt)}")
+                             f"got {show(lt)}")
     if isinstance(n, int) and len(lt) != n:
         raise VLMConfigError(f"config.json: {where}.layer_types has {len(lt)} entries for {n} layers")
     return lt
@@ -227,7 +194,7 @@ def _gemma3(cfg: dict) -> None:
         k = lt.index("full_attention") + 1 if "full_attention" in lt else len(lt) + 1
         if any((t == "full_attention") != ((i + 1) % k == 0) for i, t in enumerate(lt)):
             raise VLMConfigError(f"config.json: {w}.layer_types is not a full-attention layer every k layers "
-                                 f"(mlx-vlm's Gemma 3 has only sliding_window_pattern): {_show(lt)}")
+                                 f"(mlx-vlm's Gemma 3 has only sliding_window_pattern): {show(lt)}")
         _set(tc, "sliding_window_pattern", k, f"{w}.layer_types", w)
     rp = tc.get("rope_parameters")
     if isinstance(rp, Mapping):
@@ -238,11 +205,11 @@ def _gemma3(cfg: dict) -> None:
         for name, r in (("full_attention", full), ("sliding_attention", slid)):
             f = r.get("partial_rotary_factor", 1.0)
             if f not in (None, 1, 1.0):
-                raise VLMConfigError(f"config.json: {w}.rope_parameters.{name}.partial_rotary_factor = {_show(f)}: "
+                raise VLMConfigError(f"config.json: {w}.rope_parameters.{name}.partial_rotary_factor = {show(f)}: "
                                      "mlx-vlm's Gemma 3 rotates whole heads")
         st = slid.get("rope_type", slid.get("type", "default"))
         if st not in (None, "default"):
-            raise VLMConfigError(f"config.json: {w}.rope_parameters.sliding_attention.rope_type = {_show(st)}: "
+            raise VLMConfigError(f"config.json: {w}.rope_parameters.sliding_attention.rope_type = {show(st)}: "
                                  "mlx-vlm's Gemma 3 scales RoPE on the full-attention layers only")
         if "rope_theta" in full:
             _set(tc, "rope_global_base_freq", full["rope_theta"], f"{w}.rope_parameters.full_attention.rope_theta", w)
@@ -255,7 +222,7 @@ def _gemma3(cfg: dict) -> None:
             s.update(rope_type=ft, type=ft)
             tc["rope_scaling"] = s
         elif tc.get("rope_scaling") is not None:
-            raise VLMConfigError(f"config.json: {w}.rope_scaling = {_show(tc['rope_scaling'])} beside "
+            raise VLMConfigError(f"config.json: {w}.rope_scaling = {show(tc['rope_scaling'])} beside "
                                  "rope_parameters with no scaling")
     elif "rope_theta" in tc:
         _set(tc, "rope_global_base_freq", tc["rope_theta"], f"{w}.rope_theta", w)
@@ -310,7 +277,7 @@ def _gemma4(cfg: dict) -> None:
             tc["num_global_key_value_heads"] = None  # (transformers: the full layers keep num_key_value_heads)
     bd = tc.get("use_bidirectional_attention")
     if bd not in (None, "vision"):
-        raise VLMConfigError(f"config.json: {w}.use_bidirectional_attention = {_show(bd)}: mlx-vlm's Gemma 4 "
+        raise VLMConfigError(f"config.json: {w}.use_bidirectional_attention = {show(bd)}: mlx-vlm's Gemma 4 "
                              "implements only None and 'vision'")
     rp = tc.get("rope_parameters")
     if isinstance(rp, Mapping):
@@ -319,10 +286,10 @@ def _gemma4(cfg: dict) -> None:
             t = r.get("rope_type", r.get("type", "default"))
             f = r.get("partial_rotary_factor", 1.0)
             if t in (None, "default", "linear") and f not in (None, 1, 1.0):
-                raise VLMConfigError(f"config.json: {w}.rope_parameters.{name}.partial_rotary_factor = {_show(f)} "
+                raise VLMConfigError(f"config.json: {w}.rope_parameters.{name}.partial_rotary_factor = {show(f)} "
                                      f"with rope_type {t!r}: mlx-vlm rotates whole heads there")
     if tc.get("hidden_size_per_layer_input") and tc.get("pad_token_id", 0) not in (0, None):
-        raise VLMConfigError(f"config.json: {w}.pad_token_id = {_show(tc['pad_token_id'])}: mlx-vlm's Gemma 4 "
+        raise VLMConfigError(f"config.json: {w}.pad_token_id = {show(tc['pad_token_id'])}: mlx-vlm's Gemma 4 "
                              "embeds per-layer inputs of media tokens as token 0")
     vc = cfg.get("vision_config")
     if isinstance(vc, dict):
@@ -330,7 +297,7 @@ def _gemma4(cfg: dict) -> None:
         if r is not None:
             t = r.get("rope_type", r.get("type", "default")) if isinstance(r, Mapping) else r
             if not isinstance(r, Mapping) or t not in ("default", "axial") or "rope_theta" not in r:
-                raise VLMConfigError(f"config.json: vision_config.rope_parameters = {_show(r)}: mlx-vlm's Gemma 4 "
+                raise VLMConfigError(f"config.json: vision_config.rope_parameters = {show(r)}: mlx-vlm's Gemma 4 "
                                      "vision tower has axial RoPE with a rope_theta only")
 
 
@@ -344,9 +311,9 @@ def _check_unread(sub: dict, family: str, part: str, key: str | None) -> None:
     converted = _CONVERTED.get((family, part), set())
     for k, v in sub.items():
         if k in neutral:  # (mlx-vlm's dataclass may have the field, its code implements one value)
-            if not any(_equal(v, n) for n in neutral[k]):
-                raise VLMConfigError(f"config.json: {_where(key, k)} = {_show(v)}: mlx-vlm's {family} implements only "
-                                     + " / ".join(_show(n) for n in neutral[k]))
+            if not any(equal(v, n) for n in neutral[k]):
+                raise VLMConfigError(f"config.json: {_where(key, k)} = {show(v)}: mlx-vlm's {family} implements only "
+                                     + " / ".join(show(n) for n in neutral[k]))
             continue
         if k in fields or k in IGNORED or k in converted or k in _PARTS.values():
             continue
@@ -354,7 +321,7 @@ def _check_unread(sub: dict, family: str, part: str, key: str | None) -> None:
             continue
         if v is None or v is False:
             continue  # (an unset option)
-        raise VLMConfigError(f"config.json: {_where(key, k)} = {_show(v)}: mlx-vlm's {family} does not read it")
+        raise VLMConfigError(f"config.json: {_where(key, k)} = {show(v)}: mlx-vlm's {family} does not read it")
 
 
 # ---------------------------------------------------------------------- tensor names
