@@ -26,7 +26,7 @@ import workbench
 import mlx.core as mx
 
 from workbench import registry
-from workbench.checkpoint.reference_arch import sanitized_layout
+from workbench.checkpoint.sanitize_layout import sanitized_layout
 
 sys.path.insert(0, str(Path(__file__).parent / "data"))
 import make_arch_refs as refs  # noqa: E402

@@ -257,7 +257,7 @@ def test_hugging_face_layout_renamed_tensor_still_misnamed(clean, tmp_path):
 def test_sanitize_layout_of_a_real_size_checkpoint_allocates_nothing():
     """Mixtral-8x22B's shapes in the Hugging Face layout (448 per-expert tensors of 100M
     elements): placeholders only."""
-    from workbench.checkpoint.reference_arch import sanitized_layout
+    from workbench.checkpoint.sanitize_layout import sanitized_layout
 
     cfg = dict(model_type="mixtral", hidden_size=6144, num_hidden_layers=56, intermediate_size=16384,
                num_attention_heads=48, num_key_value_heads=8, rms_norm_eps=1e-5, vocab_size=32768,

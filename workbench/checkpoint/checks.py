@@ -16,7 +16,7 @@ from workbench.checkpoint import names as N
 from workbench.checkpoint.misnamed import made_from, report_misnamed
 from workbench.checkpoint.quant import infer
 from workbench.checkpoint.reader import Checkpoint, Problem
-from workbench.checkpoint.reference_arch import check_layout
+from workbench.checkpoint.sanitize_layout import check_layout
 
 #: dtypes a float tensor (and affine scales / biases) may have
 FLOATS = {"BF16", "F16", "F32"}
