@@ -5,7 +5,8 @@ processor (mlx-vlm's), offline.
 
 Images: arrays ([H, W, 3] uint8, or float in [0, 1]) or PNG / JPEG paths.  Audio: 1-D
 float waveforms at the feature extractor's sampling rate (16 kHz for Gemma 4), or WAV
-paths (PCM 16-bit or 32-bit float, mono or the first channel).  The placeholder tokens
+paths (16- or 32-bit PCM or 32-bit float, plain or extensible; mono or the first channel).
+Every error names the file (or the array) and what is wrong with it.  The placeholder tokens
 go first, as the model's chat template puts them: for each image ``boi, image × n,
 eoi``, for each clip ``boa, audio × m, eoa``, then the text.
 
@@ -16,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import wave
 import warnings
 from pathlib import Path
 from typing import Any, Sequence
@@ -51,9 +51,13 @@ def _regular(path) -> Path:
 def load_image(x) -> np.ndarray:
     """[H, W, 3] uint8 from an array or a PNG / JPEG file."""
     if isinstance(x, (str, os.PathLike)):
-        from PIL import Image
-        with Image.open(_regular(x)) as im:
-            return np.asarray(im.convert("RGB"))
+        from PIL import Image, UnidentifiedImageError
+        p = _regular(x)
+        try:
+            with Image.open(p) as im:
+                return np.asarray(im.convert("RGB"))
+        except (UnidentifiedImageError, OSError, ValueError) as e:
+            raise ValueError(f"{p}: not an image PIL can read ({' '.join(str(e).split())[:120]})") from None
     a = np.asarray(x)
     if a.ndim != 3 or a.shape[-1] not in (1, 3, 4):
         raise ValueError(f"an image is [H, W, 3] (channels last), got shape {a.shape}")
@@ -66,26 +70,88 @@ def load_image(x) -> np.ndarray:
     return a[..., :3]
 
 
+#: WAV sample formats read: (format tag, bits per sample) -> numpy dtype, scale to [-1, 1)
+_WAV_FORMATS = {(1, 16): ("<i2", 1 / 32768.0), (1, 32): ("<i4", 1 / 2**31), (3, 32): ("<f4", 1.0)}
+_EXTENSIBLE = 0xFFFE
+
+
+def read_wav(p: Path) -> tuple[int, np.ndarray]:
+    """(sampling rate, first channel as float32) of a RIFF/WAVE file: 16- or 32-bit PCM or
+    32-bit IEEE float (plain or WAVE_FORMAT_EXTENSIBLE); anything else, or a file whose
+    chunks or samples are cut short, is a ValueError naming the file and what is wrong."""
+    data = p.read_bytes()
+    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        raise ValueError(f"{p}: not a WAV file (no RIFF/WAVE header)")
+    fmt = samples = None
+    off = 12
+    while off + 8 <= len(data):
+        cid, size = data[off:off + 4], int.from_bytes(data[off + 4:off + 8], "little")
+        body = data[off + 8:off + 8 + size]
+        if cid == b"fmt ":
+            if len(body) < 16:
+                raise ValueError(f"{p}: its fmt chunk is {len(body)} bytes, cut short (16 needed)")
+            tag, ch, rate = (int.from_bytes(body[0:2], "little"), int.from_bytes(body[2:4], "little"),
+                             int.from_bytes(body[4:8], "little"))
+            bits = int.from_bytes(body[14:16], "little")
+            if tag == _EXTENSIBLE and len(body) >= 26:
+                tag = int.from_bytes(body[24:26], "little")  # the sub-format GUID's first two bytes
+            fmt = (tag, ch, rate, bits)
+        elif cid == b"data":
+            if len(body) < size:
+                raise ValueError(f"{p}: truncated: its data chunk says {size} bytes, the file holds {len(body)}")
+            samples = body
+        off += 8 + size + (size & 1)
+    if fmt is None or samples is None:
+        raise ValueError(f"{p}: a WAV file needs a fmt and a data chunk; {'fmt' if fmt is None else 'data'} "
+                         "is missing")
+    tag, ch, rate, bits = fmt
+    if (tag, bits) not in _WAV_FORMATS:
+        kind = {1: "PCM", 3: "float"}.get(tag, f"format {tag}")
+        raise ValueError(f"{p}: {bits}-bit {kind} WAV is not supported (16- or 32-bit PCM, 32-bit float)")
+    if ch < 1 or rate < 1:
+        raise ValueError(f"{p}: {ch} channels at {rate} Hz: not a waveform")
+    dt, scale = _WAV_FORMATS[(tag, bits)]
+    frame = ch * bits // 8
+    if len(samples) % frame:
+        raise ValueError(f"{p}: truncated: {len(samples)} data bytes is not a whole number of "
+                         f"{frame}-byte frames")
+    a = np.frombuffer(samples, dt).reshape(-1, ch)[:, 0].astype(np.float32) * np.float32(scale)
+    return rate, a
+
+
 def load_audio(x, rate: int) -> np.ndarray:
     """1-D float32 waveform from an array or a WAV file at ``rate`` Hz."""
     if isinstance(x, (str, os.PathLike)):
         p = _regular(x)
-        with wave.open(str(p), "rb") as w:
-            sr, ch, width, n = w.getframerate(), w.getnchannels(), w.getsampwidth(), w.getnframes()
-            data = w.readframes(n)
+        sr, a = read_wav(p)
         if sr != rate:
             raise ValueError(f"{p}: sampled at {sr} Hz, the model's feature extractor wants {rate} Hz")
-        if width == 2:
-            a = np.frombuffer(data, "<i2").astype(np.float32) / 32768.0
-        elif width == 4:
-            a = np.frombuffer(data, "<i4").astype(np.float32) / 2**31
-        else:
-            raise ValueError(f"{p}: {8 * width}-bit WAV is not supported (16 or 32-bit PCM)")
-        return a.reshape(-1, ch)[:, 0]
-    a = np.asarray(x, dtype=np.float32)
-    if a.ndim != 1:
-        raise ValueError(f"a waveform is 1-D, got shape {a.shape}")
+        where = str(p)
+    else:
+        a = np.asarray(x, dtype=np.float32)
+        where = "a waveform"
+        if a.ndim != 1:
+            raise ValueError(f"a waveform is 1-D, got shape {a.shape}")
+    if a.size == 0:
+        raise ValueError(f"{where}: no samples")
+    if not np.all(np.isfinite(a)):
+        raise ValueError(f"{where}: holds NaN or Inf samples")
     return a
+
+
+def _name(x) -> str:
+    return str(x) if isinstance(x, (str, os.PathLike)) else f"an image of shape {tuple(np.shape(x))}"
+
+
+def _process(run, images):
+    """``run`` (the model's image processor) on the loaded images; its failure (a 1x1 image,
+    ...) a ValueError naming the images."""
+    arrs = [load_image(x) for x in images]
+    try:
+        return run(arrs)
+    except Exception as e:  # noqa: BLE001 - the processor's own failure, said with the file
+        raise ValueError(f"{', '.join(_name(x) for x in images)}: the model's image processor cannot take it "
+                         f"({type(e).__name__}: {' '.join(str(e).split())[:120]})") from None
 
 
 def _int_cfg(cfg, key, default):
@@ -124,7 +190,7 @@ def prepare(model, text_ids: Sequence[int], images=(), audio=()) -> tuple[mx.arr
             patch_size=_int_cfg(proc, "patch_size", vc.get("patch_size", 16)),
             max_soft_tokens=_int_cfg(proc, "max_soft_tokens", cfg.get("vision_soft_tokens_per_image", 280)),
             pooling_kernel_size=_int_cfg(proc, "pooling_kernel_size", vc.get("pooling_kernel_size", 3)))
-        data, counts = ip([load_image(x) for x in images])
+        data, counts = _process(lambda arrs: ip(arrs), images)
         pv = data["pixel_values"]
         if isinstance(pv, list):
             raise ValueError("images of different aspect ratios: trace them one at a time")
@@ -166,7 +232,7 @@ def _gemma3(model, cfg: dict, text_ids: Sequence[int], images) -> tuple[mx.array
     extra: dict[str, Any] = {}
     if images:
         ip = Gemma3ImageProcessorPil(size={"height": size, "width": size})
-        extra["pixel_values"] = mx.array(ip([load_image(x) for x in images], return_tensors="np")["pixel_values"])
+        extra["pixel_values"] = mx.array(_process(lambda arrs: ip(arrs, return_tensors="np"), images)["pixel_values"])
         for _ in images:
             prefix += [_tok(cfg, "boi_token_index")] + [_tok(cfg, "image_token_index")] * n + [_tok(cfg, "eoi_token_index")]
     else:
