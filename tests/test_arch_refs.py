@@ -131,35 +131,31 @@ LEGACY = [c for c in CASES if c not in REFUSED and c not in WINDOWED
           and "rope_type" in json.loads((DATA / c / "config.json").read_text())["rope_parameters"]]
 
 
+def with_config(ckpt: Path, dest: Path, edit) -> Path:
+    """A checkpoint in ``dest``: ``ckpt``'s weights (linked) and ``edit(its config)``."""
+    dest.mkdir()
+    os.symlink(ckpt / "model.safetensors", dest / "model.safetensors")
+    (dest / "config.json").write_text(json.dumps(edit(json.loads((ckpt / "config.json").read_text()))))
+    return dest
+
+
 @pytest.mark.parametrize("case", LEGACY)
 def test_the_older_flat_form_gives_the_same_logits(ckpts, case, tmp_path):
-    d = tmp_path / case
-    d.mkdir()
-    os.symlink(ckpts[case] / "model.safetensors", d / "model.safetensors")
-    (d / "config.json").write_text(json.dumps(_legacy(json.loads((ckpts[case] / "config.json").read_text()))))
+    d = with_config(ckpts[case], tmp_path / case, _legacy)
     ref = np.load(DATA / case / "logits.npy")
     out = np.array(workbench.load(d, granularity="module")(mx.array([IDS])).astype(mx.float32))
     assert rel_err(out, ref) <= TOL, case
 
 
 def test_rope_parameters_and_a_flat_key_that_disagree_are_refused(ckpts, tmp_path):
-    cfg = json.loads((ckpts["phi"] / "config.json").read_text())
-    cfg["rope_theta"] = 10000.0  # rope_parameters says 5000
-    d = tmp_path / "phi"
-    d.mkdir()
-    os.symlink(ckpts["phi"] / "model.safetensors", d / "model.safetensors")
-    (d / "config.json").write_text(json.dumps(cfg))
+    d = with_config(ckpts["phi"], tmp_path / "phi", lambda c: dict(c, rope_theta=10000.0))  # rope_parameters: 5000
     with pytest.raises(ValueError, match="rope_theta = 10000.0 and rope_parameters.rope_theta = 5000.0 disagree"):
         workbench.load(d, granularity="module")
 
 
 def test_an_unread_key_off_its_default_is_refused_by_name(ckpts, tmp_path):
-    cfg = json.loads((ckpts["qwen2"] / "config.json").read_text())
-    cfg["use_sliding_window"] = True  # mlx-lm's qwen2 reads no sliding window at all
-    d = tmp_path / "q"
-    d.mkdir()
-    os.symlink(ckpts["qwen2"] / "model.safetensors", d / "model.safetensors")
-    (d / "config.json").write_text(json.dumps(cfg))
+    # (mlx-lm's qwen2 reads no sliding window at all)
+    d = with_config(ckpts["qwen2"], tmp_path / "q", lambda c: dict(c, use_sliding_window=True))
     with pytest.raises(ValueError, match="use_sliding_window = true is not read by mlx-lm's qwen2"):
         workbench.load(d, granularity="module")
 
