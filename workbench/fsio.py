@@ -10,7 +10,9 @@ Writing (:func:`atomic_write`, :func:`write_bytes`, :func:`write_text`,
 :func:`write_json`, :func:`write_with`): every file goes to a temporary created
 exclusively (``O_CREAT | O_EXCL | O_NOFOLLOW``, mode 0600, random name) in the
 destination's directory and is renamed into place when complete, then given the usual
-mode (0666 less the umask).  A symbolic link at the temporary name makes the create fail
+mode (0666 less the umask).  The commands check each output path first
+(:func:`check_destination`): an existing file is not replaced unless workbench wrote it
+(a dump over a dump); none is replaced silently.  A symbolic link at the temporary name makes the create fail
 (another name is tried); a link at the final name is refused, never followed or replaced.
 Writers that only take a path (``mx.save_safetensors``, ``savefig``, ``np.savez``) write
 into a private 0700 directory made next to the destination (:func:`write_with`).
@@ -238,12 +240,19 @@ def _target(dest) -> tuple[str, str, str]:
     return dest, parent, base
 
 
-def check_destination(dest) -> None:
+def check_destination(dest, replaceable=None, kind: str | None = None) -> None:
     """Fail early (WriteError naming it) if ``dest`` cannot be written: its directory is
-    missing or not writable, or the name is a link or not a regular file."""
+    missing or not writable, the name is a link or not a regular file, or a file is there
+    already.  The one rule for every output path: an existing file is never replaced
+    silently; only one that ``replaceable(dest)`` recognises as written by workbench
+    (``kind``: what it is, e.g. "a workbench dump") may be (``dump --out``); None: none
+    may (a plot, a .npy, which carry no mark of their writer)."""
     dest, parent, _ = _target(dest)
     if not os.access(parent, os.W_OK | os.X_OK):
         raise WriteError(f"{dest}: directory {parent} is not writable")
+    if os.path.lexists(dest) and (replaceable is None or not replaceable(dest)):
+        what = f" and is not {kind}" if replaceable is not None and kind else ""
+        raise WriteError(f"{dest} exists{what}: not overwriting it (remove it first or choose another name)")
 
 
 def _create_temp(parent: str, base: str) -> tuple[int, str]:

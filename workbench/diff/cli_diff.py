@@ -33,10 +33,18 @@ def add_arguments(p) -> None:
                    help=f"multiple of the noise floor an op may reach (default {d.noise_factor:g})")
     p.add_argument("--no-local", dest="local", action="store_false",
                    help="skip the local errors (our op on the engine's own inputs; about one more forward)")
-    p.add_argument("--plot", metavar="FILE.png", help="also save the per-op error curve")
-    p.add_argument("--plot-positions", metavar="FILE.png", help="also save the error map by op and token position")
+    p.add_argument("--plot", metavar="FILE.png", help="also save the per-op error curve (a new file: "
+                                                      "an existing one is not replaced)")
+    p.add_argument("--plot-positions", metavar="FILE.png", help="also save the error map by op and token position "
+                                                                "(a new file)")
     p.add_argument("--all", action="store_true", help="list every compared op (text output)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def _same_file(a: str, b: str) -> bool:
+    import os
+
+    return os.path.abspath(a) == os.path.abspath(b)
 
 
 def run(args) -> int:
@@ -52,7 +60,9 @@ def run(args) -> int:
                     noise_factor=args.noise_factor)
     from workbench import fsio
 
-    for dest in (args.plot, args.plot_positions):  # before the work, not after it
+    if args.plot and args.plot_positions and _same_file(args.plot, args.plot_positions):
+        raise common.UsageError(f"--plot and --plot-positions name the same file ({args.plot}): give each its own")
+    for dest in (args.plot, args.plot_positions):  # before the work, not after it; an existing file never
         if dest:
             fsio.check_destination(dest)
     with common.usage_errors():
@@ -67,8 +77,10 @@ def run(args) -> int:
         from workbench.plots import error_curve, position_error_map, save
 
         if args.plot:
+            fsio.check_destination(args.plot)  # (again: nothing appeared there during the comparison)
             save(error_curve(report), args.plot)
         if args.plot_positions and any(o.position_error is not None for o in report.ops):
+            fsio.check_destination(args.plot_positions)
             save(position_error_map(report), args.plot_positions)
     if args.json:
         print(json.dumps(report.to_dict()))

@@ -34,8 +34,10 @@ def run(args) -> int:
     if not out.endswith(".safetensors"):
         raise common.UsageError(f"--out {out}: the dump is written as safetensors; name it *.safetensors")
     from workbench import fsio
+    from workbench.diff.api import is_reference_dump
 
-    fsio.check_destination(out)  # before the work, not after it
+    # before the work, not after it; an existing file only if it is a dump of ours
+    fsio.check_destination(out, replaceable=is_reference_dump, kind="a workbench dump")
     with common.usage_errors():
         ref = dump(args.path, out=out, prompt=prompt, ids=ids, ops=ops, dtype=args.dtype, keep_values=False)
     size = os.path.getsize(out)

@@ -8,7 +8,8 @@ Every rank runs the same command; each steps its own layers (rank 0 also the emb
 the last rank the final norm, lm_head and logits) and only rank 0 prints: the ranks (host,
 layers, ops, seconds) and the ops closest to overflow, or with ``--json``
 ``{"ranks": [...], "steps": [one record per op, in program order], "logits": {"shape",
-"dtype", "last_argmax"}}``.  ``--logits`` writes the logits (float32 .npy) on rank 0.
+"dtype", "last_argmax"}}``.  ``--logits`` writes the logits (float32 .npy) on rank 0,
+to a new file (an existing one is refused, as at every output path: fsio.check_destination).
 Exit 0; 2 for unusable input (one line, ``rank R:`` in front when there are several
 ranks; mlx.launch itself exits 0 whatever its ranks did, so read stderr).
 """
@@ -30,7 +31,8 @@ def add_arguments(p):
                    help="stats (default) | full | none | an op name pattern (repeatable)")
     p.add_argument("--attention", help="fused (default) | explicit | layers to make explicit, e.g. 3,5 "
                                        "(their scores and softmax become steps)")
-    p.add_argument("--logits", help="write the logits to this .npy file (float32, rank 0)")
+    p.add_argument("--logits", help="write the logits to this .npy file (float32, rank 0; a new file: "
+                                    "an existing one is not replaced)")
     p.add_argument("--top", type=int, default=5, help="ops closest to overflow to list (default 5)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -81,6 +83,7 @@ def run(args) -> int:
     if args.logits:
         buf = io.BytesIO()
         np.save(buf, np.array(logits), allow_pickle=False)
+        fsio.check_destination(args.logits)  # (again: nothing appeared there while the ranks ran)
         fsio.write_bytes(args.logits, buf.getvalue())
     if args.json:
         doc = {"ranks": t.ranks, "steps": t.records(),

@@ -20,8 +20,10 @@ import mlx.core as mx
 
 from workbench.distributed.plan import Plan, make_plan
 from workbench.distributed.wire import WireError, gather_bytes, recv_bundle, send_bundle
+from workbench.device_memory import NotEnoughMemory
 from workbench.dtypes import dtype_name
 from workbench.errors import UsageError
+from workbench.models.streaming import preflight
 from workbench.trace.entry import check_attention_memory, prepare_ids
 from workbench.trace.interventions import normalize as normalize_interventions
 from workbench.trace.step import Step, TraceError, headroom_rows
@@ -109,7 +111,7 @@ def _interventions_for(interventions, program, sub) -> list:
 def _open(path, dtype):
     """The checkpoint (its tensor reads recorded) and the model at op granularity."""
     from workbench.checkpoint import open_checkpoint
-    from workbench.models import load
+    from workbench.models import load_model
 
     try:
         ck = open_checkpoint(path)
@@ -124,7 +126,7 @@ def _open(path, dtype):
 
     ck.load = load_recorded
     try:
-        model = load(ck, dtype=dtype, granularity="op")
+        model = load_model(ck, dtype=dtype, granularity="op", preflight=False)  # (each rank checks its own layers)
     except Exception as e:  # noqa: BLE001
         raise UsageError(f"cannot load {path} as an op program: {_one_line(e)}") from None
     return ck, model, read
@@ -175,6 +177,11 @@ def trace_distributed(path, prompt_or_ids, capture="stats", dtype=None, *, split
             raise UsageError(f"attention={attention!r}: {_one_line(e)}") from None
     plan = make_plan(program, size, split, {n: ck.info(n).nbytes for n in model.tensor_names})
     sub = plan.subprogram(rank)
+    try:  # this rank holds its own layers' weights only: those are checked against its memory
+        preflight(model, dtype, sub, what=f"rank {rank} (layers {plan.layers[rank][0]}-{plan.layers[rank][1]}): "
+                                          "its weights need", advice="split the layers over more ranks or hosts")
+    except NotEnoughMemory as e:
+        raise UsageError(str(e)) from None
     cap = _capture_for(capture, program, sub)
     ivs = _interventions_for(interventions, program, sub)
     ctx = model.context(dtype)

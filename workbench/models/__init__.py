@@ -29,6 +29,7 @@ def family_of(model_type: str):
 
 
 GRANULARITIES = ("auto", "op", "module")
+LIBRARIES = ("mlx_lm", "mlx_vlm")
 
 
 def load(path, dtype=None, granularity: str = "auto", library: str | None = None, attention="fused",
@@ -45,11 +46,32 @@ def load(path, dtype=None, granularity: str = "auto", library: str | None = None
     softmax -> context steps) or the layers to make explicit (workbench.models.attention).
     memory_budget: bytes (``8 * 2**30``) or a size (``"8GB"``, ``"512 MiB"``): stream the
     weights, one layer at a time, within it (workbench.models.streaming); None holds them.
+    Held weights are checked against the memory available before anything is read: more
+    than there is raises :class:`workbench.device_memory.NotEnoughMemory` (a MemoryError
+    and a ValueError), naming the bytes, the memory and the ``memory_budget`` that would
+    stream them (docs/trace.md, "Models larger than memory").
     progress: a streamed model's progress bar: None (when slow, in a terminal or a
     notebook), True or False.
     """
-    if granularity not in GRANULARITIES:
+    return load_model(path, dtype, granularity, library, attention, memory_budget, progress)
+
+
+def load_model(path, dtype=None, granularity="auto", library=None, attention="fused", memory_budget=None,
+          progress=None, preflight=True):
+    """:func:`load`; ``preflight=False`` leaves the memory check to the caller (a rank of a
+    distributed trace holds only its own layers' weights)."""
+    from workbench.checkpoint.reader import Checkpoint
+
+    if isinstance(path, str) and not path.strip():
+        raise ValueError("load: path is empty: give a checkpoint directory or file")
+    if not isinstance(path, (str, os.PathLike, Checkpoint)):
+        raise TypeError("load: path must be a checkpoint directory or file (str or os.PathLike) or an opened "
+                        f"Checkpoint, not {type(path).__name__}")
+    if not isinstance(granularity, str) or granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {', '.join(GRANULARITIES)}, not {granularity!r}")
+    if library is not None and (not isinstance(library, str) or library not in LIBRARIES):
+        raise ValueError(f"library must be None, {' or '.join(repr(x) for x in LIBRARIES)}, not {library!r}")
+    parse_dtype(dtype)  # (an unknown dtype refused before the checkpoint is opened)
     if memory_budget is not None:
         memory_budget = parse_bytes(memory_budget, "memory_budget")
     if progress is not None and not isinstance(progress, bool):
@@ -68,6 +90,8 @@ def load(path, dtype=None, granularity: str = "auto", library: str | None = None
         if attention != "fused":
             raise ValueError(f"attention={attention!r}: a module-level model runs its own attention modules "
                              "(fused, no scores step); explicit attention needs an op program")
+        if preflight:
+            _preflight_module(ck, path)
         from workbench.reference import open_reference
         model = open_reference(path if isinstance(path, (str, os.PathLike)) else ck.root, ck, library)
         dt = parse_dtype(dtype)
@@ -99,7 +123,28 @@ def load(path, dtype=None, granularity: str = "auto", library: str | None = None
         model.default_dtype = dt
         if memory_budget is not None:
             model.check_budget()  # (converted weights count too)
+    if preflight and memory_budget is None:
+        from workbench.models.streaming import preflight as check
+
+        check(model)  # (NotEnoughMemory before any weight is read)
+    elif preflight:  # a budget over the memory: what one segment reads at once must still fit
+        from workbench.device_memory import check_fits
+
+        seg = model.largest_segment
+        check_fits(seg.nbytes, f"{model.path or 'the checkpoint'}: streamed, {seg.label} reads at once",
+                   f"no memory budget streams it here (memory_budget {model.memory_budget} bytes was given)")
     return model
 
 
-__all__ = ["load", "Model", "StreamedModel", "KVCache", "FAMILIES", "family_of"]
+def _preflight_module(ck, path) -> None:
+    """A module-level model holds every tensor of the checkpoint: refused in one line when
+    their bytes are over the memory available."""
+    from workbench.device_memory import check_fits
+
+    total = sum(t.nbytes for t in ck.tensors.values())
+    where = str(path) if isinstance(path, (str, os.PathLike)) else str(getattr(ck, "root", "the checkpoint"))
+    check_fits(total, f"{where}: the weights need",
+               "a module-level model holds its weights (streaming runs op programs only)")
+
+
+__all__ = ["load", "load_model", "LIBRARIES", "Model", "StreamedModel", "KVCache", "FAMILIES", "family_of"]

@@ -39,7 +39,7 @@ import numpy as np
 from workbench.dtypes import dtype_name, parse_dtype
 from workbench.models.model import LazyTensors, Model
 from workbench.program import Op, Program
-from workbench.sizes import fmt_bytes
+from workbench.sizes import fmt_bytes, parse_bytes
 
 
 class StreamingTensors(LazyTensors):
@@ -152,6 +152,57 @@ def segments(model: Model, program=None, dtype=None) -> list[Segment]:
 
 
 _FLOAT = {"F16": mx.float16, "BF16": mx.bfloat16, "F32": mx.float32, "F64": mx.float64}
+
+
+def held_bytes(model: Model, program=None, dtype=None) -> int:
+    """The weight bytes a held (not streamed) model keeps once ``program`` has run in
+    ``dtype``: every tensor it reads, once, as stored (a fused tensor whole, once however
+    many of its halves are read) and, when floating and of another dtype, converted too."""
+    program = program or model.program
+    dt = parse_dtype(dtype) or model.default_dtype
+    ck = model.checkpoint
+    stored: dict[str, int] = {}
+    converted = 0
+    for n in {n for op in program.ops for n in model.op_tensor_names(op)}:
+        t = ck.info(n)
+        stored[t.source_name] = ck.info(t.source_name).nbytes if t.part else t.nbytes
+        f = _FLOAT.get(t.dtype)
+        if f is not None and f != dt:
+            converted += t.nbytes // f.size * dt.size
+    return sum(stored.values()) + converted
+
+
+def preflight(model: Model, dtype=None, program=None, what: str | None = None, advice: str | None = None) -> int:
+    """Refuse (:class:`workbench.device_memory.NotEnoughMemory`, one line) a held model whose
+    weights are over the memory available, before anything is read; the advice names the
+    ``memory_budget`` that would stream it, or why none would.  Returns the bytes needed."""
+    from workbench.device_memory import available_memory, check_fits
+    from workbench.sizes import round_size
+
+    dt = parse_dtype(dtype) or model.default_dtype
+    need = held_bytes(model, program, dt)
+    avail, _ = available_memory()
+    if avail is None or need <= avail:
+        return need
+    what = what or f"{model.path or 'the checkpoint'}: the weights ({dtype_name(dt)}) need"
+    if advice is None:
+        program = program or model.program  # (streamed, an embedding reads only its ids' rows)
+        rows = Program([replace(op, attrs={**op.attrs, "rows": True}) if op.kind == "embedding" else op
+                        for op in program.ops], program.inputs)
+        seg = max(segments(model, rows, dt), key=lambda s: s.nbytes)
+        if seg.nbytes > avail:
+            advice = (f"streaming cannot help either: {seg.label} alone reads {seg.nbytes} bytes "
+                      f"({fmt_bytes(seg.nbytes)}) at once")
+        else:
+            budget = round_size(avail * 3 // 4)
+            if parse_bytes(budget) < seg.nbytes:
+                budget = round_size(seg.nbytes, up=True)
+                if parse_bytes(budget) > avail:
+                    budget = str(seg.nbytes)
+            advice = (f"stream them with --memory-budget {budget} (workbench.load(..., memory_budget={budget!r})); "
+                      f"the largest segment, {seg.label}, reads {fmt_bytes(seg.nbytes)}")
+    check_fits(need, what, advice)
+    return need
 
 
 def _libc():

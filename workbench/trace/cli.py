@@ -26,6 +26,9 @@ def add_arguments(p):
     p.add_argument("--memory-budget", metavar="SIZE",
                    help="stream the weights layer by layer within SIZE (bytes, '8GB', '512MiB'): "
                         "checkpoints larger than memory")
+    from workbench.sizes import accept_negative_sizes
+
+    accept_negative_sizes(p)  # (--memory-budget -5GB: refused by its value, not "expected one argument")
     p.add_argument("--attention", default="fused", metavar="fused|explicit|LAYERS",
                    help="attention as one fused op a layer (default), as explicit scores/softmax/context "
                         "steps, or explicit in the listed layers only (e.g. 0,3)")
@@ -57,8 +60,17 @@ def run(args) -> int:
     from workbench.trace.hunt import hunt
     from workbench.trace.step import TraceError
 
+    from workbench.device_memory import NotEnoughMemory
+    from workbench.sizes import parse_bytes
+
     try:
-        model = workbench.load(args.path, memory_budget=args.memory_budget)
+        budget = None if args.memory_budget is None else parse_bytes(args.memory_budget, "--memory-budget")
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    try:
+        model = workbench.load(args.path, memory_budget=budget)
+    except NotEnoughMemory as e:  # (names the checkpoint, the bytes, the memory and a budget that works)
+        raise UsageError(str(e)) from None
     except Exception as e:  # any failure to open is unusable input, reported in one line
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UsageError(f"cannot load {args.path}: {msg}") from None
