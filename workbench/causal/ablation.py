@@ -253,11 +253,11 @@ def ablate(model, text_or_ids, sites, mode: str = "zero", metric=None, reference
     """
     p = prompt(model, text_or_ids)
     groups = _groups(sites)
+    m = None if metric is None else as_metric(metric, model)  # its token ids checked before anything runs
     base = logits3(run(model, p, dtype=dtype))
-    if metric is None:
-        metric = Metric("p(unablated top token) @ -1",
-                        token_prob(np.array(mx.argmax(base[:, -1, :], axis=-1)), -1).fn)
-    m = as_metric(metric)
+    if m is None:
+        m = Metric("p(unablated top token) @ -1",
+                   token_prob(np.array(mx.argmax(base[:, -1, :], axis=-1)), -1).fn)
     b0 = m(base)
     if reference is None and mode == "mean":
         reference = p

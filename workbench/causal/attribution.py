@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
-from workbench.causal.common import DEFAULT_DTYPE, decode_tokens, logits3, prompt, residual_chain, run
+from workbench.causal.common import (DEFAULT_DTYPE, check_position, decode_tokens, logits3, prompt, residual_chain,
+                                     run, token_id)
+from workbench.trace.entry import check_token_id
 
 _CHUNK = 64  # components projected through lm_head at a time (its output is [n, vocab])
 
@@ -105,13 +107,19 @@ def _head_path(program, writer: str, layer: int) -> list | None:
     return path[::-1]
 
 
-def direct_logit_attribution(model, text_or_ids, answer: int | None = None, wrong: int | None = None,
+def direct_logit_attribution(model, text_or_ids, answer: int | str | None = None, wrong: int | str | None = None,
                              position: int = -1, dtype=DEFAULT_DTYPE) -> DLAResult:
     """DLA of every residual writer and every attention head at ``position`` (one prompt).
 
     ``answer``: the token whose logit is explained (default: the model's top token there);
-    ``wrong``: explain ``logit[answer] - logit[wrong]`` instead.
+    ``wrong``: explain ``logit[answer] - logit[wrong]`` instead.  Each is a token id in the
+    vocabulary or the text of one token (``" blue"``), checked before anything runs.
     """
+    if answer is not None:
+        answer = token_id(model, answer, "answer")
+    if wrong is not None:
+        wrong = token_id(model, wrong, "wrong")
+    position = check_position(position)
     p = prompt(model, text_or_ids)
     if p.shape[0] != 1:
         raise ValueError(f"direct logit attribution takes one prompt, got a batch of {p.shape[0]}")
@@ -128,11 +136,16 @@ def direct_logit_attribution(model, text_or_ids, answer: int | None = None, wron
     tr = run(model, p, capture=sorted(need), dtype=dtype)
     ctx = tr.ctx
     T = p.shape[1]
+    if not -T <= position < T:
+        raise ValueError(f"position {position} out of range for {T} positions")
     pos = position % T
 
     def at(name):  # [1, D] float32 at the position
         return tr.value(name)[0, pos].astype(mx.float32)[None]
     logits = logits3(tr)[0, pos]
+    for what, t in (("answer", answer), ("wrong", wrong)):  # the logits' own width, before any gather
+        if t is not None:
+            check_token_id(t, logits.shape[-1], f"{what} token id")
     if answer is None:
         answer = int(mx.argmax(logits).item())
 

@@ -25,6 +25,7 @@ import mlx.core as mx
 import numpy as np
 
 import workbench.trace as wtrace
+from workbench.trace.entry import show_value, check_token_id, check_token_ids, vocab_size
 
 DEFAULT_DTYPE = "float32"
 
@@ -33,63 +34,201 @@ DEFAULT_DTYPE = "float32"
 
 @dataclass(frozen=True)
 class Metric:
-    """A named metric: ``metric(logits [B, T, V]) -> np.ndarray [B]``."""
+    """A named metric: ``metric(logits [B, T, V]) -> np.ndarray [B]``.
+
+    ``bind(model)`` (when set) gives the metric for that model: the token ids it reads
+    checked against the model's vocabulary and token texts encoded with its tokenizer;
+    the causal tools bind every metric before running anything."""
 
     label: str
     fn: Callable[[mx.array], Any] = field(repr=False, compare=False)
+    bind: Callable[[Any], "Metric"] | None = field(default=None, repr=False, compare=False)
 
     def __call__(self, logits: mx.array) -> np.ndarray:
         out = self.fn(logits if logits.ndim == 3 else logits[None])
         return np.atleast_1d(np.asarray(out, dtype=np.float64))
 
 
-def as_metric(metric) -> Metric:
-    if isinstance(metric, Metric):
-        return metric
-    if not callable(metric):
-        raise TypeError(f"a metric is a callable f(logits) -> float or [B], not {metric!r}")
-    return Metric(getattr(metric, "__name__", "metric"), metric)
+def as_metric(metric, model=None) -> Metric:
+    """``metric`` as a :class:`Metric`; bound to ``model`` (its token ids checked against the
+    vocabulary, its token texts encoded) when given."""
+    if not isinstance(metric, Metric):
+        if not callable(metric):
+            raise TypeError(f"a metric is a callable f(logits) -> float or [B], not {show_value(metric)}")
+        metric = Metric(getattr(metric, "__name__", "metric"), metric)
+    if model is not None and metric.bind is not None:
+        return metric.bind(model)
+    return metric
 
 
-def _per_row(tokens, B: int) -> mx.array:
-    t = mx.array(np.broadcast_to(np.asarray(tokens, dtype=np.int32), (B,)))
-    return t[:, None]
+# a token as the metrics and tools take it: an id, the text of one token, or one per sequence
+
+def _id_phrase(what: str) -> str:
+    return f"{what} id" if what.endswith("token") else f"{what} token id"
+
+
+def token_spec(value, what: str):
+    """What can be checked of a token before the model is known: an int id (not a boolean:
+    its range waits for the model), a str (one token's text, encoded when the model is
+    known), or a tuple of either (one per sequence of the batch)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (mx.array, np.ndarray)):
+        if value.ndim == 0:
+            return token_spec(value.item(), what) if isinstance(value, mx.array) else token_spec(value[()], what)
+        return tuple(check_token_ids(value, None, _id_phrase(what), check_range=False))
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise ValueError(f"{what}: an empty list of tokens")
+        return tuple(v if isinstance(v, str) else check_token_id(v, None, _id_phrase(what), check_range=False)
+                     for v in value)
+    return check_token_id(value, None, _id_phrase(what), check_range=False)
+
+
+def token_id(model, value, what: str = "token") -> int:
+    """One token as an id of ``model``: an integer id in its vocabulary, or a text that its
+    tokenizer encodes to exactly one token; else one ValueError / TypeError naming it."""
+    if isinstance(value, str):
+        tok = getattr(model, "tokenizer", None)
+        if tok is None:
+            raise ValueError(f"{what} {value!r} is text, but this checkpoint has no tokenizer.json: pass a token id")
+        ids = list(tok.encode(value, add_special_tokens=False).ids)
+        if len(ids) != 1:
+            raise ValueError(f"{what} {value!r} encodes to {len(ids)} tokens {ids[:8]}, not one: "
+                             "pass the text of one token or its id")
+        return check_token_id(ids[0], vocab_size(model), f"{what} {value!r} -> token id")
+    return check_token_id(value, vocab_size(model), _id_phrase(what))
+
+
+def resolve_tokens(model, spec, what: str):
+    """A :func:`token_spec` for ``model``: an int, or a tuple of ints (one per sequence)."""
+    if isinstance(spec, tuple):
+        return tuple(token_id(model, v, what) for v in spec)
+    return token_id(model, spec, what)
+
+
+def _spec_label(spec) -> str:
+    if isinstance(spec, tuple):
+        return "[" + ", ".join(_spec_label(v) for v in spec) + "]"
+    return repr(spec) if isinstance(spec, str) else str(spec)
+
+
+def _applied(spec, V: int, what: str):
+    """The spec's ids, checked against logits of ``V`` entries, before any gather."""
+    def one(v):
+        if isinstance(v, str):
+            raise TypeError(f"{what} {v!r} is text: a metric reads token ids; give it to a causal tool with the "
+                            "model (which encodes it), or call metric.bind(model) first")
+        return check_token_id(v, V, _id_phrase(what))
+    return tuple(one(v) for v in spec) if isinstance(spec, tuple) else one(spec)
+
+
+def _per_row(tokens, B: int, what: str = "token") -> mx.array:
+    t = np.asarray(tokens, dtype=np.int32).reshape(-1)
+    if t.size not in (1, B):
+        raise ValueError(f"{what}: {t.size} token ids for a batch of {B} (one, or one per sequence)")
+    return mx.array(np.broadcast_to(t, (B,)))[:, None]
+
+
+def check_position(position, what: str = "position") -> int:
+    if isinstance(position, (bool, np.bool_)) or not isinstance(position, (int, np.integer)):
+        raise TypeError(f"{what} must be an integer (negative counts from the end), not {show_value(position)}")
+    return int(position)
+
+
+def _at(logits: mx.array, position: int, what: str = "position") -> mx.array:
+    T = logits.shape[1]
+    if not -T <= position < T:
+        raise ValueError(f"{what} {position} out of range for {T} positions")
+    return logits[:, position, :]
 
 
 def logit_diff(answer, wrong=None, position: int = -1) -> Metric:
     """``logit[answer] - logit[wrong]`` at ``position`` (just ``logit[answer]`` when ``wrong``
-    is None).  ``answer`` / ``wrong``: a token id, or one per sequence of the batch."""
+    is None).  ``answer`` / ``wrong``: a token id, the text of one token (``" blue"``: encoded
+    with the model's tokenizer when a causal tool binds the metric), or one per sequence of
+    the batch.  Ids are checked against the vocabulary before anything reads the logits."""
+    a = token_spec(answer, "answer")
+    w = None if wrong is None else token_spec(wrong, "wrong")
+    position = check_position(position)
+    label = f"logit[{_spec_label(a)}]" + ("" if w is None else f" - logit[{_spec_label(w)}]") + f" @ {position}"
+
     def fn(logits):
-        x = logits[:, position, :].astype(mx.float32)
+        V = logits.shape[-1]
+        ia = _applied(a, V, "answer")
+        iw = None if w is None else _applied(w, V, "wrong")
+        x = _at(logits, position).astype(mx.float32)
         B = x.shape[0]
-        v = mx.take_along_axis(x, _per_row(answer, B), axis=-1)[:, 0]
-        if wrong is not None:
-            v = v - mx.take_along_axis(x, _per_row(wrong, B), axis=-1)[:, 0]
+        v = mx.take_along_axis(x, _per_row(ia, B, "answer"), axis=-1)[:, 0]
+        if iw is not None:
+            v = v - mx.take_along_axis(x, _per_row(iw, B, "wrong"), axis=-1)[:, 0]
         return np.array(v)
-    return Metric(f"logit[{answer}]" + ("" if wrong is None else f" - logit[{wrong}]") + f" @ {position}", fn)
+
+    def bind(model):
+        ra = resolve_tokens(model, a, "answer")
+        rw = None if w is None else resolve_tokens(model, w, "wrong")
+        m = logit_diff(ra, rw, position)
+        return Metric(label, m.fn)
+    return Metric(label, fn, bind)
 
 
 def token_prob(token, position: int = -1) -> Metric:
-    """The probability of ``token`` (an id, or one per sequence) at ``position``."""
+    """The probability of ``token`` (an id, the text of one token, or one per sequence) at
+    ``position``."""
+    t = token_spec(token, "token")
+    position = check_position(position)
+    label = f"p({_spec_label(t)}) @ {position}"
+
     def fn(logits):
-        p = mx.softmax(logits[:, position, :].astype(mx.float32), axis=-1, precise=True)
-        return np.array(mx.take_along_axis(p, _per_row(token, p.shape[0]), axis=-1)[:, 0])
-    return Metric(f"p({token}) @ {position}", fn)
+        it = _applied(t, logits.shape[-1], "token")
+        p = mx.softmax(_at(logits, position).astype(mx.float32), axis=-1, precise=True)
+        return np.array(mx.take_along_axis(p, _per_row(it, p.shape[0], "token"), axis=-1)[:, 0])
+
+    def bind(model):
+        return Metric(label, token_prob(resolve_tokens(model, t, "token"), position).fn)
+    return Metric(label, fn, bind)
 
 
 def next_token_prob(ids, positions: Sequence[int]) -> Metric:
     """Teacher forcing: the mean over ``positions`` of the probability the model gives to
     the token that actually comes next (``ids[:, p + 1]``).  ``ids``: [T] or [B, T]."""
-    ids = np.atleast_2d(np.asarray(ids.tolist() if isinstance(ids, mx.array) else ids, dtype=np.int64))
-    pos = [int(p) % ids.shape[1] for p in positions]
+    what = "next_token_prob: token id"
+    if isinstance(ids, mx.array):
+        ids = np.array(ids.astype(mx.float32) if ids.dtype == mx.bfloat16 else ids)
+    if isinstance(ids, np.ndarray):
+        if ids.ndim not in (1, 2) or ids.size == 0:
+            raise ValueError(f"next_token_prob: ids must be [T] or [B, T], got shape {tuple(ids.shape)}")
+        arr = np.asarray(check_token_ids(ids, None, what), dtype=np.int64).reshape(ids.shape)
+    else:  # a list: checked one id at a time (a huge int would not fit numpy)
+        seqs = list(ids) if isinstance(ids, (list, tuple)) else None
+        if not seqs:
+            raise ValueError(f"next_token_prob: ids must be [T] or [B, T] token ids, not {show_value(ids)}")
+        if all(isinstance(r, (list, tuple, np.ndarray, mx.array)) for r in seqs):
+            rows = [check_token_ids(r, None, what) for r in seqs]
+        else:
+            rows = [check_token_ids(seqs, None, what)]
+        if len({len(r) for r in rows}) != 1:
+            raise ValueError("next_token_prob: the sequences of ids must have one length")
+        arr = np.array(rows, dtype=np.int64)
+    ids = np.atleast_2d(arr)
+    pos = [check_position(p, "next_token_prob: position") % ids.shape[1] for p in positions]
     if not pos or max(pos) + 1 >= ids.shape[1]:
         raise ValueError(f"next_token_prob: positions {list(positions)} need a next token within {ids.shape[1]}")
-    targets = mx.array(ids[:, [p + 1 for p in pos]].astype(np.int32))  # [B, P]
+    target_ids = ids[:, [p + 1 for p in pos]]  # [B, P]
+    targets = mx.array(target_ids.astype(np.int32))
+    label = f"p(next token) over {len(pos)} positions"
 
     def fn(logits):
+        check_token_ids(target_ids, logits.shape[-1], what)
+        if max(pos) >= logits.shape[1]:
+            raise ValueError(f"next_token_prob: position {max(pos)} out of range for {logits.shape[1]} positions")
         p = mx.softmax(logits[:, pos, :].astype(mx.float32), axis=-1, precise=True)  # [B, P, V]
         return np.array(mx.take_along_axis(p, targets[..., None], axis=-1)[..., 0].mean(axis=-1))
-    return Metric(f"p(next token) over {len(pos)} positions", fn)
+
+    def bind(model):
+        check_token_ids(target_ids, vocab_size(model), what)
+        return Metric(label, fn)
+    return Metric(label, fn, bind)
 
 
 # --------------------------------------------------------------------------- running

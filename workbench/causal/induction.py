@@ -21,6 +21,7 @@ import mlx.core as mx
 import numpy as np
 
 from workbench.causal.common import DEFAULT_DTYPE, Prompt, require_op, run
+from workbench.trace.entry import check_token_id, check_token_ids, vocab_size
 
 
 @dataclass
@@ -66,7 +67,12 @@ def repeated_tokens(model, seq_len: int = 8, batch: int = 8, seed: int = 0, pool
     if given, the same tokens again."""
     if seq_len < 2:
         raise ValueError("seq_len must be at least 2")
-    pool = np.array(sorted(set(range(model.vocab_size)) - special_ids(model)) if pool is None else list(pool))
+    vocab = vocab_size(model)
+    if sep is not None:
+        sep = check_token_id(sep, vocab, "sep token id")
+    pool = np.array(sorted(set(range(model.vocab_size)) - special_ids(model)) if pool is None
+                    else check_token_ids(list(pool) if not isinstance(pool, (np.ndarray, mx.array)) else pool,
+                                         vocab, "pool token id"))
     if len(pool) < seq_len:
         raise ValueError(f"a pool of {len(pool)} tokens cannot give {seq_len} distinct ones")
     rng = np.random.default_rng(seed)

@@ -73,6 +73,8 @@ def _pair(model, clean, corrupted) -> tuple[Prompt, Prompt]:
 
 
 def _baselines(model, pc: Prompt, pr: Prompt, metric, capture, dtype):
+    if metric is not None:  # its token ids checked (texts encoded) before anything runs
+        metric = as_metric(metric, model)
     tc = run(model, pc, capture=capture, dtype=dtype)
     lr = logits3(run(model, pr, dtype=dtype))
     lc = logits3(tc)

@@ -13,6 +13,73 @@ from workbench.trace.store import ValueStore
 from workbench.trace.tracer import Trace
 
 
+# --------------------------------------------------------------------------- token ids
+
+def show_value(v) -> str:
+    """A value for a one-line message: its repr, on one line, at most about 40 characters."""
+    s = repr(v) if not isinstance(v, int) or len(str(abs(v))) <= 40 else f"{str(v)[:12]}...({len(str(abs(v)))} digits)"
+    s = " ".join(s.split())
+    return s if len(s) <= 48 else s[:40] + "..."
+
+
+def vocab_size(model) -> int | None:
+    """The model's vocabulary size (what a token id must stay below), None where unknown."""
+    v = getattr(model, "vocab_size", None)
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
+def _domain(vocab: int | None) -> str:
+    return (f"token ids are integers in [0, {vocab}) (a vocabulary of {vocab})" if vocab is not None
+            else "token ids are integers in [0, the vocabulary size)")
+
+
+def _range_error(what: str, i: int, vocab: int | None) -> ValueError:
+    if vocab is None:  # a model that does not say its vocabulary: int32 ids at least
+        return ValueError(f"{what} {show_value(i)} out of range: token ids are integers in [0, 2**31)")
+    return ValueError(f"{what} {show_value(i)} out of range for a vocabulary of {vocab}")
+
+
+def check_token_id(value, vocab: int | None = None, what: str = "token id", *, check_range: bool = True) -> int:
+    """``value`` as a token id: a Python or numpy integer (not a boolean) in ``[0, vocab)``
+    (``[0, 2**31)`` when ``vocab`` is None); else one TypeError / ValueError naming it and
+    the vocabulary size.  Checked here, before any gather: MLX gathers do not check bounds.
+    ``check_range=False`` checks the type only (the range waits for the model)."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{what} {value!r} is a boolean, not a token id: {_domain(vocab)}")
+    if not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{what} {show_value(value)} is a {type(value).__name__}, not an integer: {_domain(vocab)}")
+    i = int(value)
+    if check_range and (i < 0 or i >= (vocab if vocab is not None else 2**31)):
+        raise _range_error(what, i, vocab)
+    return i
+
+
+def check_token_ids(values, vocab: int | None = None, what: str = "token id", *, check_range: bool = True) -> list[int]:
+    """A sequence of token ids (flattened), each checked as :func:`check_token_id` does; of
+    a numpy or MLX array, the dtype first, then its smallest and largest id."""
+    if isinstance(values, mx.array):
+        if values.dtype == mx.bfloat16:
+            values = values.astype(mx.float32)
+        values = np.array(values)
+    if isinstance(values, np.ndarray):
+        flat = values.reshape(-1)
+        if flat.dtype.kind in "iu":
+            if flat.size and check_range:
+                lo, hi = int(flat.min()), int(flat.max())
+                if lo < 0:
+                    raise _range_error(what, lo, vocab)
+                if hi >= (vocab if vocab is not None else 2**31):
+                    raise _range_error(what, hi, vocab)
+            return flat.astype(np.int64).tolist()
+        if flat.dtype.kind != "O":
+            first = show_value(flat[0].item()) if flat.size else "(none)"
+            kind = "a boolean" if flat.dtype.kind == "b" else f"a {flat.dtype}"
+            raise TypeError(f"{what} {first} is {kind} (an array of dtype {flat.dtype}), not an integer: "
+                            f"{_domain(vocab)}")
+        values = flat.tolist()
+    return [check_token_id(v, vocab, what, check_range=check_range) for v in values]
+
+
 def _parse_dtype(dtype):
     if dtype is None or isinstance(dtype, mx.Dtype):
         return dtype
@@ -21,49 +88,70 @@ def _parse_dtype(dtype):
 
 def prepare_ids(model, ids_or_text, pad_id: int | None = None):
     """(ids [B, T] int32, attention_mask [B, T] or None, batched) from text, token ids, or
-    lists of either (left padded with ``pad_id``, default the config's pad_token_id or 0)."""
+    lists of either (left padded with ``pad_id``, default the config's pad_token_id or 0).
+
+    Every id is checked before anything reads it (MLX gathers do not check bounds): an
+    integer (Python, numpy or an integer array; never a boolean or a float) in
+    ``[0, vocab_size)``, else one TypeError / ValueError naming the id and the vocabulary.
+    An int32 (or narrower) ``mx.array`` is taken as given, without a read back: the model's
+    feeds check its range (``check_ids``)."""
+    vocab = vocab_size(model)
+    if pad_id is not None:
+        pad_id = check_token_id(pad_id, vocab, "pad_id")
     x = ids_or_text
     if isinstance(x, np.ndarray):
-        x = mx.array(x)
+        if x.ndim not in (1, 2):
+            raise ValueError(f"token ids must be [T] or [B, T], got shape {tuple(x.shape)}")
+        if x.size == 0:
+            raise ValueError("no tokens to run")
+        flat = check_token_ids(x, vocab)
+        x = mx.array(np.asarray(flat, dtype=np.int32).reshape(x.shape))
     if isinstance(x, str):
         seqs, batched = [model.encode(x)], False
     elif isinstance(x, mx.array):
-        if x.ndim in (1, 2) and x.size and mx.issubdtype(x.dtype, mx.integer):
-            # as given: no round trip through the host (the feeds check the id range)
-            return (x[None] if x.ndim == 1 else x).astype(mx.int32), None, x.ndim == 2
-        if x.ndim == 1:
-            seqs, batched = [x.tolist()], False
-        elif x.ndim == 2:
-            seqs, batched = x.tolist(), True
-        else:
+        if x.ndim not in (1, 2):
             raise ValueError(f"token ids must be [T] or [B, T], got shape {tuple(x.shape)}")
+        if x.size == 0:
+            raise ValueError("no tokens to run")
+        if x.dtype == mx.bool_ or not mx.issubdtype(x.dtype, mx.integer):
+            check_token_ids(x.reshape(-1)[:1], vocab)  # raises, naming the dtype and the first id
+        if x.dtype in (mx.int64, mx.uint32, mx.uint64):  # the cast to int32 would wrap: check first
+            lo, hi = mx.stack([mx.min(x), mx.max(x)]).tolist()  # (one read back)
+            check_token_ids([lo, hi], vocab)
+        # as given: no round trip through the host (the feeds check the id range)
+        return (x[None] if x.ndim == 1 else x).astype(mx.int32), None, x.ndim == 2
     elif isinstance(x, (list, tuple)):
         if len(x) == 0:
             raise ValueError("no tokens to run")
         if all(isinstance(e, str) for e in x):
             seqs, batched = [model.encode(s) for s in x], True
-        elif all(isinstance(e, (int, np.integer)) for e in x):
-            seqs, batched = [list(x)], False
         elif all(isinstance(e, (list, tuple, mx.array, np.ndarray)) for e in x):
-            seqs = [list(e.tolist() if hasattr(e, "tolist") else e) for e in x]
-            batched = True
+            for e in x:
+                if isinstance(e, (mx.array, np.ndarray)) and e.ndim != 1:
+                    raise ValueError(f"a sequence of a batch must be [T] token ids, got shape {tuple(e.shape)}")
+            seqs, batched = [check_token_ids(e, vocab) for e in x], True
+        elif not any(isinstance(e, (str, list, tuple, mx.array, np.ndarray)) for e in x):
+            seqs, batched = [check_token_ids(x, vocab)], False
         else:
             raise ValueError("pass a string, a list of token ids, or a list of strings / id lists")
     else:
-        raise ValueError(f"cannot run {type(x).__name__}: pass text or token ids")
+        raise TypeError(f"cannot run {type(x).__name__}: pass text or token ids")
     for s in seqs:
         if len(s) == 0:
             raise ValueError("an empty sequence (the text encodes to no tokens)")
     T = max(len(s) for s in seqs)
+    if all(len(s) == T for s in seqs):
+        return mx.array(seqs, dtype=mx.int32), None, batched
     if pad_id is None:
         config = getattr(model, "config", None) or {}
         pad_id = config.get("pad_token_id") if isinstance(config, Mapping) else None
-        pad_id = 0 if pad_id is None else int(pad_id)
-    if all(len(s) == T for s in seqs):
-        return mx.array(seqs, dtype=mx.int32), None, batched
+        pad_id = check_token_id(0 if pad_id is None else pad_id, vocab, "the config's pad_token_id")
     ids = [[pad_id] * (T - len(s)) + list(s) for s in seqs]
     mask = [[0] * (T - len(s)) + [1] * len(s) for s in seqs]
     return mx.array(ids, dtype=mx.int32), mx.array(mask, dtype=mx.bool_), batched
+
+
+MEDIA_KEYWORDS = ("images", "audio")  # what only a module-level model takes (workbench.reference.media)
 
 
 def trace(model, ids_or_text, capture="stats", dtype=None, breakpoints=None, interventions=None, *,
@@ -82,9 +170,14 @@ def trace(model, ids_or_text, capture="stats", dtype=None, breakpoints=None, int
     check_ids: False skips reading the ids back to check their range: for ids a sampler drew
     from this model's logits (a decoding step then queues without waiting for the device).
     """
-    if attention is not None and getattr(model, "granularity", "op") == "module":
+    module = getattr(model, "granularity", "op") == "module"
+    unknown = [k for k in extra if k not in MEDIA_KEYWORDS]
+    if unknown:
+        raise TypeError(f"trace() got unknown keyword argument{'s' if len(unknown) > 1 else ''} "
+                        f"{', '.join(map(repr, unknown))} (docs/trace.md lists what it takes)")
+    if attention is not None and module:
         raise TraceError("attention=: a module-level model runs its own attention modules (no scores step)")
-    if getattr(model, "granularity", "op") == "module":  # a reference model: its module calls are the steps
+    if module:  # a reference model: its module calls are the steps
         return model.module_trace(ids_or_text, capture=capture, dtype=dtype, breakpoints=breakpoints,
                                   interventions=interventions, cache=cache, attention_mask=attention_mask,
                                   pad_id=pad_id, memory_budget=memory_budget, spill_dir=spill_dir,

@@ -30,10 +30,11 @@ from numbers import Integral, Real
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 
 from workbench.nogc import no_gc
 from workbench.trace.store import ValueStore
-from workbench.trace.entry import prepare_ids, trace as _trace
+from workbench.trace.entry import check_token_ids, prepare_ids, trace as _trace, vocab_size
 from workbench.trace.step import TraceError
 from workbench.trace.tracer import wait_for_stats
 
@@ -173,8 +174,9 @@ def generate(model, prompt, max_tokens: int = 16, capture="stats", dtype=None, *
              seed: int | None = None) -> Generation:
     """Decode with the model's KV cache; every forward is a captured :class:`Trace`.
 
-    ``prompt``: text, token ids, or a batch of either (left padded).  ``stop``: token ids
-    ending a (single-sequence) generation early.  ``temperature`` 0 (the default) is greedy;
+    ``prompt``: text, token ids, or a batch of either (left padded); every id is checked
+    (an integer in the vocabulary).  ``stop``: token ids (or one id) ending a
+    (single-sequence) generation early, checked the same way.  ``temperature`` 0 (the default) is greedy;
     above 0 tokens are sampled (``top_p`` in (0, 1], ``top_k`` >= 0, 0 = off; a ``top_k`` at
     or above the vocabulary keeps every token, where mlx-lm refuses it) with the random keys
     of ``seed`` (see the module docstring: the same tokens as mlx-lm's).
@@ -182,6 +184,9 @@ def generate(model, prompt, max_tokens: int = 16, capture="stats", dtype=None, *
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, Integral) or max_tokens < 1:
         raise ValueError(f"max_tokens must be an integer >= 1, not {max_tokens!r}")
     sampler = Sampler(temperature, top_p, top_k, seed)
+    if stop is not None:  # ids the sampled tokens are compared with: checked as any token id
+        stop = check_token_ids([stop] if isinstance(stop, (int, np.integer)) else stop, vocab_size(model),
+                               "stop token id")
     ids, mask, batched = prepare_ids(model, prompt, pad_id)
     cache = model.make_cache()
     if memory_budget is None:  # a streamed model: what its budget leaves beside the weights
