@@ -84,8 +84,9 @@ def test_trust_notebooks_signs_for_this_user(tmp_path, monkeypatch, capsys):
     nb = read(str(root / "01_tour.ipynb"), as_version=NO_CONVERT)
     assert not NotebookNotary().check_signature(nb)
     assert trust_notebooks(root) == ["01_tour.ipynb", "02_weights.ipynb"]
-    assert "broken.ipynb: not trusted, unreadable notebook" in capsys.readouterr().err
+    assert "broken.ipynb: not trusted, not one of the committed notebooks" in capsys.readouterr().err
     assert NotebookNotary().check_signature(nb)
     assert trust_notebooks(root) == []                 # already trusted: nothing written
     (root / "01_tour.ipynb").write_text((NOTEBOOKS / "01_tour.ipynb").read_text().replace("A tour", "A changed tour"))
-    assert trust_notebooks(root) == ["01_tour.ipynb"]  # a changed notebook is signed anew
+    assert trust_notebooks(root) == []                 # a changed notebook is not the committed one
+    assert "01_tour.ipynb: not trusted, its content differs" in capsys.readouterr().err

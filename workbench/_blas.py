@@ -6,8 +6,8 @@ matmul runs at ~6 GFLOP/s.  Loading an OpenBLAS with ``RTLD_GLOBAL`` *before*
 to it (~200 GFLOP/s on 2 cores).  This module must be imported before anything
 imports ``mlx.core``; ``workbench/__init__.py`` does that first thing.
 
-Search order: ``$WORKBENCH_BLAS`` (a path to a libopenblas.so, or ``off``), the
-``cmeel-openblas`` wheel, Debian/Ubuntu's libopenblas packages, any
+Search order: ``$WORKBENCH_BLAS`` (an absolute path to a libopenblas.so, or ``off``), the
+``cmeel-openblas`` wheel (in an installed site-packages, never the working directory), Debian/Ubuntu's libopenblas packages, any
 ``libopenblas.so.0`` the dynamic loader can find.  On macOS nothing changes
 (MLX uses Accelerate and Metal).
 """
@@ -24,13 +24,38 @@ import warnings
 STATUS: dict = {"loaded": None, "reason": None, "tried": []}
 
 
+def _site_dirs() -> list[str]:
+    """The installed-package directories (this environment's site-packages, the user's),
+    never the working directory: ``python -m`` puts the current directory first on
+    sys.path, so only absolute site-packages / dist-packages entries of it count."""
+    import site
+
+    dirs = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+    try:
+        dirs += site.getsitepackages()
+    except AttributeError:  # pragma: no cover - an old virtualenv's site module
+        pass
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    dirs += [p for p in sys.path if p and os.path.basename(p.rstrip(os.sep)) in ("site-packages", "dist-packages")]
+    try:
+        cwd = os.path.realpath(os.getcwd())
+    except OSError:  # a deleted working directory
+        cwd = None
+    out = []
+    for d in dirs:
+        if d and os.path.isabs(d) and os.path.realpath(d) != cwd and d not in out:
+            out.append(d)
+    return out
+
+
 def _candidates() -> list[str]:
     out: list[str] = []
     env = os.environ.get("WORKBENCH_BLAS")
     if env:
         out.append(env)
-    for base in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], *sys.path}:
-        if base and os.path.isdir(os.path.join(base, "cmeel.prefix")):
+    for base in _site_dirs():
+        if os.path.isdir(os.path.join(base, "cmeel.prefix")):
             out += sorted(glob.glob(os.path.join(base, "cmeel.prefix", "lib", "libopenblas.so*")))[:1]
     for pat in (
         "/usr/lib/*-linux-gnu/openblas-pthread/libopenblas.so.0",
@@ -68,6 +93,9 @@ def ensure_fast_blas() -> dict:
         return STATUS
     errors = []
     for path in _candidates():
+        if os.sep in path and not os.path.isabs(path):  # never a file found from the working directory
+            errors.append(f"{path}: a relative path (give WORKBENCH_BLAS an absolute one)")
+            continue
         try:
             ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
         except OSError as e:

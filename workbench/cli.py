@@ -30,8 +30,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An argument error is one line on stderr (``workbench CMD: argument --x: ...``) and
+    exit status 2, with no usage dump; ``--help`` still prints the usage."""
+
+    def error(self, message):
+        from workbench.errors import printable
+
+        text = " ".join(str(message).split())
+        self.exit(2, printable(f"{self.prog}: {text} (--help: usage)") + "\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="workbench", description="See inside transformer language models while they run.")
+    p = OneLineParser(prog="workbench", description="See inside transformer language models while they run.")
     p.add_argument("--version", action="version", version=f"workbench {workbench.__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name, (modname, help_) in COMMANDS.items():
@@ -44,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _one_line(e: BaseException) -> str:
     text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
+    return text.split("\n")[0] if text else type(e).__name__  # (a \r or escape in it is escaped by main)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,7 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     if not sys.warnoptions:  # findings are reported by us, in one line; no library warnings on stderr
         warnings.simplefilter("ignore")
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # an argument error (one line printed, 2), --help or --version (0)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     if not getattr(args, "command", None):
         parser.print_help()
         return 2
@@ -63,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, InputFileError, WriteError, PatternError, MemoryError) as e:
         msg = _one_line(e) if not isinstance(e, MemoryError) else \
             f"out of memory ({_one_line(e)}): the input asks for more than this machine has"
+        from workbench.errors import printable
+
+        msg = printable(msg)  # a name from a file holding a newline or escape stays one inert line
         if getattr(args, "json", False):
             print(json.dumps({"error": msg}))
         print(f"workbench {args.command}: {msg}", file=sys.stderr)

@@ -13,7 +13,9 @@ prompt: the announcements plugin is disabled through a page config in ``LAB_CONF
 (added to ``JUPYTER_CONFIG_PATH``), and no news feed is fetched (``news_url`` None).
 The curated notebooks (``notebooks/`` of this checkout, not a directory passed as PATH)
 are marked trusted first (:func:`trust_notebooks`), so their saved widget views show
-before anything runs.
+before anything runs: only those named in ``notebooks/trusted.sha256`` (written by
+``python -m workbench.notebook build``) with exactly the recorded bytes, no symlink and
+no other file in the folder.
 """
 from __future__ import annotations
 
@@ -101,33 +103,126 @@ def check_ip(ip: str) -> str:
         raise UsageError(f"--ip {ip!r}: not an IP address (e.g. 127.0.0.1, ::1 or localhost)") from None
 
 
-def trust_notebooks(root) -> list[str]:
-    """Sign every notebook in ``root`` in this user's Jupyter trust database, as ``jupyter
-    trust`` does, so that JupyterLab renders their saved outputs, widget views included,
-    before they are run (an untrusted notebook shows a widget as its text repr).  Returns
-    the names signed now; already trusted ones are left alone, and one that cannot be read
-    is named in a line on stderr and skipped."""
-    from nbformat import NO_CONVERT, read
+#: the committed notebooks' names and SHA-256 of their bytes (``sha256sum`` format), written by
+#: ``python -m workbench.notebook build``: the only notebooks ``workbench lab`` signs
+MANIFEST_NAME = "trusted.sha256"
+MANIFEST = NOTEBOOKS / MANIFEST_NAME
+#: a committed notebook is at most this big (the manifest too); a bigger file is not read
+MAX_NOTEBOOK_BYTES = 64 << 20
+
+
+def _read_plain(path: Path, limit: int = MAX_NOTEBOOK_BYTES) -> bytes:
+    """The bytes of ``path``, a regular file that is no symlink (opened with O_NOFOLLOW,
+    checked on the open descriptor, so nothing can swap it in between); OSError otherwise."""
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"not a regular file")
+        if st.st_size > limit:
+            raise OSError(f"{st.st_size} bytes, over the {limit}-byte limit")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(limit + 1)
+        if len(data) > limit:
+            raise OSError(f"over the {limit}-byte limit")
+        return data
+    finally:
+        os.close(fd)
+
+
+def sha256(data: bytes) -> str:
+    import hashlib
+    return hashlib.sha256(data).hexdigest()
+
+
+def format_manifest(hashes: dict[str, str]) -> str:
+    """``sha256sum`` lines, sorted by name (``sha256sum -c trusted.sha256`` checks them)."""
+    return "".join(f"{h}  {n}\n" for n, h in sorted(hashes.items()))
+
+
+def read_manifest(path=MANIFEST) -> dict[str, str]:
+    """name -> SHA-256 of each committed notebook; a missing or malformed manifest trusts
+    nothing (an empty dict), a malformed line is skipped."""
+    try:
+        text = _read_plain(Path(path), 1 << 20).decode("ascii")
+    except (OSError, UnicodeDecodeError):
+        return {}
+    out = {}
+    for line in text.splitlines():
+        h, sep, name = line.partition("  ")
+        if sep and len(h) == 64 and all(c in "0123456789abcdef" for c in h) \
+                and name.endswith(".ipynb") and name == Path(name).name and not name.startswith("."):
+            out[name] = h
+    return out
+
+
+def trusted_notebooks(root, manifest=MANIFEST, *, quiet: bool = False) -> dict[str, bytes]:
+    """The notebooks of ``root`` that may be trusted, name -> bytes: each a regular file (no
+    symlink) named in the committed manifest, whose bytes hash as the manifest says.  Every
+    other ``*.ipynb`` there is named on stderr in one line (unless ``quiet``) and left out."""
+    want = read_manifest(manifest)
+    out = {}
+    for p in sorted(Path(root).glob("*.ipynb")):
+        shown = _escape(str(p))
+        if p.name not in want:
+            why = "not one of the committed notebooks (notebooks/" + MANIFEST_NAME + ")"
+        else:
+            try:
+                data = _read_plain(p)
+            except OSError as e:
+                why = "a symlink or not a regular file" if p.is_symlink() or not p.is_file() else \
+                    f"unreadable ({e.strerror or e})"
+            else:
+                if sha256(data) == want[p.name]:
+                    out[p.name] = data
+                    continue
+                why = "its content differs from the committed notebook's (run python -m workbench.notebook build)"
+        if not quiet:
+            print(f"workbench lab: {shown}: not trusted, {why}", file=sys.stderr)
+    return out
+
+
+def _escape(s: str) -> str:
+    from workbench.errors import printable
+    return printable(s)
+
+
+def trust_notebooks(root, manifest=MANIFEST) -> list[str]:
+    """Sign the committed notebooks found in ``root`` in this user's Jupyter trust database,
+    as ``jupyter trust`` does, so that JupyterLab renders their saved outputs, widget views
+    included, before they are run (an untrusted notebook shows a widget as its text repr).
+
+    Only the notebooks named in the committed manifest (``notebooks/trusted.sha256``) with
+    exactly the bytes it records are signed, each read once from a regular file (never
+    through a symlink); any other file is named in a line on stderr and left untrusted.
+    Returns the names signed now; already trusted ones are left alone, and one that cannot
+    be parsed is named in a line on stderr and skipped."""
+    from nbformat import NO_CONVERT, reads
     from nbformat.sign import NotebookNotary
 
     notary = NotebookNotary()
     signed = []
-    for p in sorted(Path(root).glob("*.ipynb")):
+    for name, data in trusted_notebooks(root, manifest).items():
         try:
-            nb = read(str(p), as_version=NO_CONVERT)
+            nb = reads(data.decode("utf-8"), as_version=NO_CONVERT)
         except Exception as e:  # noqa: BLE001  (nbformat raises many kinds)
-            print(f"workbench lab: {p}: not trusted, unreadable notebook ({type(e).__name__})", file=sys.stderr)
+            print(f"workbench lab: {_escape(str(Path(root) / name))}: not trusted, unreadable notebook "
+                  f"({type(e).__name__})", file=sys.stderr)
             continue
         if not notary.check_signature(nb):
             notary.sign(nb)
-            signed.append(p.name)
+            signed.append(name)
     return signed
 
 
 def add_arguments(p):
+    from workbench.errors import number_arg
+
     p.add_argument("path", nargs="?", default=None,
                    help=f"notebook directory (default: {NOTEBOOKS})")
-    p.add_argument("--port", type=int, default=8888, help="port to serve on (0: any free port; default 8888)")
+    p.add_argument("--port", type=number_arg(0, 65535, integer=True), default=8888, help="port to serve on (0: any free port; default 8888)")
     p.add_argument("--ip", default="127.0.0.1", help="address to bind (default 127.0.0.1, this machine only)")
     p.add_argument("--no-browser", action="store_true", help="do not open a web browser")
     p.add_argument("--dry-run", action="store_true", help="print the jupyter command and exit")
@@ -164,7 +259,7 @@ def run(args) -> int:
     # the curated notebooks of this checkout are trusted, so their saved widget views render
     # before they run; a directory the user points at is left to Jupyter's own trust rules
     curated = root.resolve() == NOTEBOOKS.resolve()
-    info["trusted"] = notebooks if curated else []
+    info["trusted"] = sorted(trusted_notebooks(root, quiet=True)) if curated else []
     if args.json:
         print(json.dumps(info), flush=True)
     elif args.dry_run:

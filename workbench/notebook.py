@@ -7,7 +7,10 @@ a code cell whose output varies); ``notebooks/NN_name.ipynb`` is its executed pa
 
     python -m workbench.notebook build            # every notebook: .py -> executed .ipynb
     python -m workbench.notebook build 03 04      # only these (by number or name)
-    python -m workbench.notebook check            # exit 1 when a pair is out of sync
+    python -m workbench.notebook check            # exit 1 when a pair (or the manifest) is out of sync
+
+``build`` also rewrites ``notebooks/trusted.sha256``, the name and SHA-256 of every executed
+notebook: the only files ``workbench lab`` marks trusted (commit it with the notebooks).
 
 The exercises at the end of each notebook call ``check(answer, expected, why=...)``:
 "predict, then check" in one line, right or a hint, never an exception.
@@ -178,6 +181,37 @@ def build(py, execute: bool = True, timeout: int = 900):
     return nb
 
 
+def manifest(root=NOTEBOOKS) -> dict[str, str]:
+    """name -> SHA-256 of the bytes of each executed notebook of ``root`` that has its source
+    (what ``workbench lab`` may trust: lab.MANIFEST_NAME, written by ``build``)."""
+    from workbench.lab import _read_plain, sha256
+
+    return {p.with_suffix(".ipynb").name: sha256(_read_plain(p.with_suffix(".ipynb")))
+            for p in sources(root) if p.with_suffix(".ipynb").is_file()}
+
+
+def write_manifest(root=NOTEBOOKS) -> Path:
+    """Write ``root``'s trust manifest (``trusted.sha256``, sha256sum format) for its notebooks."""
+    from workbench.lab import MANIFEST_NAME, format_manifest
+
+    dest = Path(root) / MANIFEST_NAME
+    with fsio.atomic_write(dest, "w") as f:
+        f.write(format_manifest(manifest(root)))
+    return dest
+
+
+def manifest_out_of_date(root=NOTEBOOKS) -> str | None:
+    """Why ``root``'s trust manifest does not list exactly its notebooks' bytes (None when it does)."""
+    from workbench.lab import MANIFEST_NAME, read_manifest
+
+    have, want = read_manifest(Path(root) / MANIFEST_NAME), manifest(root)
+    if have == want:
+        return None
+    bad = sorted(set(have) ^ set(want)) or sorted(n for n in want if have[n] != want[n])
+    return (f"{MANIFEST_NAME} is out of date ({', '.join(bad[:3])}); "
+            "run python -m workbench.notebook build (it rewrites the manifest)")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m workbench.notebook", description=__doc__.splitlines()[0])
     ap.add_argument("command", choices=["build", "check"])
@@ -196,6 +230,8 @@ def main(argv=None) -> int:
         if not args.which:
             bad += [f"{nb.name} has no source {nb.stem}.py" for nb in sorted(Path(args.dir).glob("*.ipynb"))
                     if not nb.with_suffix(".py").is_file()]
+            if Path(args.dir).resolve() == NOTEBOOKS.resolve() or (Path(args.dir) / "trusted.sha256").exists():
+                bad += [why for why in [manifest_out_of_date(args.dir)] if why]
         for why in bad:
             print(why)
         return 1 if bad else 0
@@ -207,6 +243,7 @@ def main(argv=None) -> int:
             print(e, file=sys.stderr)
             return 1
         print(f"{py.with_suffix('.ipynb').name}: {len(nb.cells)} cells, {time.perf_counter() - t0:.1f} s", flush=True)
+    print(f"{write_manifest(args.dir).name}: the notebooks `workbench lab` trusts", flush=True)
     return 0
 
 

@@ -12,7 +12,9 @@ Nothing here imports a reference package at module import time.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
+import re
 from typing import Mapping
 
 #: config model_type (top level, or text_config's for wrappers) -> op-program family
@@ -52,15 +54,72 @@ def import_reference(library: str, name: str):
     import io
 
     out = io.StringIO()
-    lib = library.replace("_", "-")
+    lib = library.replace("_", "-") if isinstance(library, str) else library
+    if library not in LIBRARIES:
+        raise ValueError(f"library {_shown(library)}: not one of {', '.join(LIBRARIES)}")
+    if not is_module_name(name) or not defines_model(library, name):
+        raise ValueError(f"{lib} has no model {_shown(name)} (a module of {library}.models defining "
+                         f"{' and '.join(MODEL_NAMES[library])})")
     try:
         with contextlib.redirect_stdout(out):
-            return importlib.import_module(f"{library}.models.{name}")
+            mod = importlib.import_module(f"{library}.models.{name}")
+        if not all(hasattr(mod, n) for n in MODEL_NAMES[library]):
+            raise ValueError(f"{lib}'s {name} defines no {' and '.join(MODEL_NAMES[library])}: not a model")
+        return mod
     except SystemExit:
         said = " ".join(out.getvalue().split())[:200]
         raise MissingExtra(f"{lib}'s {name} exits when imported" + (f": {said}" if said else "")) from None
     except ImportError as e:
         raise MissingExtra(f"{lib}'s {name} cannot be imported: {' '.join(str(e).split())[:200]}") from None
+
+
+#: the reference libraries, and the names a module of ``<library>.models`` defines for a model
+LIBRARIES = ("mlx_lm", "mlx_vlm")
+MODEL_NAMES = {"mlx_lm": ("Model", "ModelArgs"), "mlx_vlm": ("Model", "ModelConfig")}
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}")
+
+
+def _shown(x, limit: int = 60) -> str:
+    """A value from a config for a one-line message: repr (control characters escaped), cut."""
+    r = repr(x)
+    return r if len(r) <= limit else r[:limit] + f"... ({len(x) if isinstance(x, str) else len(r)} characters)"
+
+
+def is_module_name(name) -> bool:
+    """A plain ASCII identifier of at most 100 characters (no dot, no path, no dunder)."""
+    return isinstance(name, str) and _IDENT.fullmatch(name) is not None and not name.startswith("__")
+
+
+@functools.lru_cache(maxsize=512)
+def defines_model(library: str, name: str) -> bool:
+    """Whether ``{library}.models.{name}`` is an installed module that defines a model (binds
+    MODEL_NAMES[library] at its top level, by a class or an import), read from its source
+    without importing it: mlx-lm's helpers (``base``, ``cache``, ``mla``, ...) and mlx-vlm's
+    processors are no models."""
+    import ast
+
+    if library not in LIBRARIES or not is_module_name(name):
+        return False
+    try:
+        spec = importlib.util.find_spec(f"{library}.models.{name}")
+    except (ImportError, ValueError):
+        return False
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return False
+    try:
+        with open(spec.origin, "rb") as f:
+            tree = ast.parse(f.read(4 << 20))
+    except (OSError, SyntaxError, ValueError):
+        return False
+    bound = set()
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            bound.add(node.name)
+        elif isinstance(node, ast.ImportFrom):
+            bound.update(a.asname or a.name for a in node.names)
+        elif isinstance(node, ast.Assign):
+            bound.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return all(n in bound for n in MODEL_NAMES[library])
 
 
 def model_type(config: Mapping) -> str | None:
@@ -110,11 +169,26 @@ def _lm_module(mt: str) -> str | None:
     if not _installed("mlx_lm"):
         return None
     from mlx_lm.utils import MODEL_REMAPPING
-    name = MODEL_REMAPPING.get(mt, WRAPPED_TEXT.get(mt, mt))
-    try:
-        return name if importlib.util.find_spec(f"mlx_lm.models.{name}") is not None else None
-    except (ImportError, ValueError):  # a model_type that is no module name ("kosmos-2.5")
+    if not isinstance(mt, str):
         return None
+    name = MODEL_REMAPPING.get(mt, WRAPPED_TEXT.get(mt, mt))
+    # a plain identifier naming a module that defines a model, checked before any import
+    # ("llama.os", "..", "base" or "cache" name no model)
+    return name if is_module_name(name) and defines_model("mlx_lm", name) else None
+
+
+def _remapped(mt: str) -> bool:
+    """Whether a library's own remapping names ``mt`` ("phi-msft", "sam3.1_video"): its key
+    need not be an identifier, the module it maps to is checked like any other."""
+    for pkg in LIBRARIES:
+        if _installed(pkg):
+            try:
+                remap = importlib.import_module(f"{pkg}.utils").MODEL_REMAPPING
+            except (ImportError, AttributeError):  # pragma: no cover - older releases
+                continue
+            if mt in remap:
+                return True
+    return mt in WRAPPED_TEXT
 
 
 def _vlm_module(mt: str) -> str | None:
@@ -124,8 +198,10 @@ def _vlm_module(mt: str) -> str | None:
         from mlx_vlm.utils import MODEL_REMAPPING
     except ImportError:  # pragma: no cover - older mlx-vlm
         MODEL_REMAPPING = {}
+    if not isinstance(mt, str):
+        return None
     name = MODEL_REMAPPING.get(mt, mt)
-    return name if importlib.util.find_spec(f"mlx_vlm.models.{name}") is not None else None
+    return name if is_module_name(name) and defines_model("mlx_vlm", name) else None
 
 
 def reference_for(config: Mapping, library: str | None = None) -> tuple[str, str]:
@@ -136,6 +212,11 @@ def reference_for(config: Mapping, library: str | None = None) -> tuple[str, str
     mt = model_type(config)
     if mt is None:
         raise ValueError("config.json has no string model_type: cannot tell which model to build")
+    if library is not None and library not in LIBRARIES:
+        raise ValueError(f"library {_shown(library)}: not one of {', '.join(LIBRARIES)}")
+    if not is_module_name(mt) and not _remapped(mt):
+        raise ValueError(f"config.json: model_type {_shown(mt)} is not a model name (a plain identifier: "
+                         "letters, digits and underscores)")
     want_vlm = library == "mlx_vlm" or (library is None and has_towers(config))
     if want_vlm:
         name = _vlm_module(mt)
@@ -143,16 +224,16 @@ def reference_for(config: Mapping, library: str | None = None) -> tuple[str, str
             return "mlx_vlm", name
         if not _installed("mlx_vlm"):
             if library == "mlx_vlm":
-                raise MissingExtra(f"model_type {mt!r} with towers needs mlx-vlm: {VLM_EXTRA}")
+                raise MissingExtra(f"model_type {_shown(mt)} with towers needs mlx-vlm: {VLM_EXTRA}")
         elif library == "mlx_vlm":
-            raise ValueError(f"mlx-vlm cannot build model_type {mt!r}")
+            raise ValueError(f"mlx-vlm cannot build model_type {_shown(mt)}")
     name = _lm_module(mt)
     if name is not None:
         if want_vlm and not _installed("mlx_vlm"):
-            raise MissingExtra(f"this {mt!r} checkpoint has vision/audio towers, which only mlx-vlm builds: "
+            raise MissingExtra(f"this {_shown(mt)} checkpoint has vision/audio towers, which only mlx-vlm builds: "
                                f"{VLM_EXTRA} (its language model alone: library='mlx_lm')")
         return "mlx_lm", name
-    raise ValueError(f"model_type {mt!r} is built neither by mlx-lm nor by mlx-vlm (nor by a workbench op "
+    raise ValueError(f"model_type {_shown(mt)} is built neither by mlx-lm nor by mlx-vlm (nor by a workbench op "
                      f"program: {', '.join(sorted(OP_FAMILIES))})")
 
 

@@ -18,13 +18,15 @@ MAX_JSON = 10_000
 
 
 def add_arguments(p) -> None:
+    from workbench.errors import number_arg
+
     p.add_argument("schedule", metavar="SCHEDULE.json", help="a workbench.schedule/1 file written by your engine")
     p.add_argument("--json", action="store_true",
                    help="print the result as JSON (every hazard, up to --max-json of each kind)")
-    p.add_argument("--max-json", type=int, default=MAX_JSON, metavar="N",
+    p.add_argument("--max-json", type=number_arg(0, integer=True), default=MAX_JSON, metavar="N",
                    help=f"list at most N hazards of each kind in --json (default {MAX_JSON}; 0: all); "
                         "the counts are always complete and \"omitted\" says how many were left out")
-    p.add_argument("--max", type=int, default=50, metavar="N",
+    p.add_argument("--max", type=number_arg(0, integer=True), default=50, metavar="N",
                    help="show at most N hazards in the text report (default 50; --json shows up to --max-json of each kind)")
     p.add_argument("--kind", action="append", metavar="KIND",
                    help="only report hazards of this kind (repeatable), e.g. --kind alias-in-dispatch")
@@ -59,24 +61,31 @@ def run(args) -> int:
         head = (f"{args.schedule}: {len(sch.events)} events ({n_disp} dispatches), mode {sch.mode}, "
                 f"analysed in {time.perf_counter() - t0:.2f}s")
         if not hazards:
-            print(f"{head}: no hazards")
+            _print(f"{head}: no hazards")
         else:
             found = summarize(hazards)
             total = sum(found.values())
             counts = ", ".join(f"{n} {k}" for k, n in found.items())
-            print(f"{head}: {total} hazard{'s' if total != 1 else ''} ({counts})")
+            _print(f"{head}: {total} hazard{'s' if total != 1 else ''} ({counts})")
             groups = _group(hazards)
             for first, rest in groups[: max(args.max, 0)]:
                 h = first
                 rng = f" {h.buffer}[{h.range[0]}:{h.range[1]}]" if h.range is not None else ""
                 oth = f" (with event {h.other})" if h.other is not None else ""
-                print(f"  event {h.event} {h.kind}{rng}{oth}\n    {h.message}")
+                _print(f"  event {h.event} {h.kind}{rng}{oth}")
+                _print(f"    {h.message}")
                 if rest:
-                    print(f"    ... and {len(rest)} more {h.kind} with event {h.other} in a row "
+                    _print(f"    ... and {len(rest)} more {h.kind} with event {h.other} in a row "
                           f"(events {rest[0].event}..{rest[-1].event})")
             if len(groups) > args.max:
-                print(f"  ... {len(groups) - args.max} more (--max N, or --json for all)")
+                _print(f"  ... {len(groups) - args.max} more (--max N, or --json for all)")
     return 1 if hazards else 0
+
+
+def _print(line: str) -> None:
+    """One line of the text report; names from the schedule are escaped (no forged lines)."""
+    from workbench.errors import printable
+    print(printable(line))
 
 
 def _group(hazards):

@@ -23,6 +23,7 @@ from workbench.checkpoint import names as N
 from workbench.checkpoint.arch import Arch, ConfigError, build_arch, family_of, text_config
 from workbench.checkpoint.quant import QuantConfig, QuantSpec, infer
 from workbench.checkpoint.sfile import SafetensorsFile
+from workbench.errors import printable
 from workbench.fsio import MAX_CONFIG, MAX_INDEX, InputFileError, check_regular, kind_of, read_bytes
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -226,6 +227,14 @@ class Checkpoint:
                                              file=f))
                 files.append(f)
         if not files and not self._missing_shards:
+            outside = [f for f in escaped if f not in invalid]
+            if outside or invalid:  # say why: each file it names is outside the directory, or no file name
+                first, what = (repr(outside[0]), "escapes the checkpoint directory") if outside else \
+                    (next(iter(invalid)), "is not a file name")
+                more = len(outside or invalid) - 1
+                raise CheckpointError(f"{self.root}: {INDEX_NAME} names no shard file inside the directory: "
+                                      f"{printable(first)[:200]} {what} (refused, not opened)"
+                                      + (f"; {more} more like it" if more else ""))
             raise CheckpointError(f"{self.root}: {INDEX_NAME} names no shard files")
         return files
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import re
+import secrets
 from collections import Counter
+
+from workbench.errors import printable_lines
 
 from workbench.stats_schema import nonfinite_count
 
@@ -16,9 +19,15 @@ def _fmt_bytes(n):
 
 
 def render(r, color: bool = False) -> str:
-    """The readable report of an inspection (a :class:`~workbench.checkpoint.inspect.Report`)."""
+    """The readable report of an inspection (a :class:`~workbench.checkpoint.inspect.Report`).
+
+    Every line is made printable (a tensor name holding a newline or a terminal escape is
+    shown escaped, never as a line of its own); the colours are put in after that, through
+    markers a name cannot guess."""
+    mark = f"@{secrets.token_hex(8)}:"
+
     def c(s, code):
-        return f"\x1b[{code}m{s}\x1b[0m" if color else s
+        return f"{mark}{code}m{s}{mark}0m" if color else s
 
     out = []
     nf = len(r.files)
@@ -116,7 +125,8 @@ def render(r, color: bool = False) -> str:
                 where = f" (layers {lays[0]}-{lays[-1]})" if lays else ""
                 out.append(f"    {tag} {code:<22} ... and {len(ps) - 10} more{where} (--json lists all)")
     out.append("  " + (c("OK: no errors", "32;1") if r.ok else c(f"FAILED: {len(errs)} error(s)", "31;1")))
-    return "\n".join(out)
+    text = printable_lines(out)
+    return text.replace(mark, "\x1b[") if color else text
 
 
 def render_diff(d: dict) -> str:
@@ -140,7 +150,7 @@ def render_diff(d: dict) -> str:
             ch = ", ".join(f"{k} {_g(v[0])} -> {_g(v[1])}" for k, v in x["changed"].items())
             out.append(f"    {x['tensor']}: {ch}")
     out.append("  same" if d["same"] else "  differ")
-    return "\n".join(out)
+    return printable_lines(out)
 
 
 def _override_label(k, v):

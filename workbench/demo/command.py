@@ -17,16 +17,18 @@ DEFAULT_PROMPT = "apple river stone cloud tree | apple"
 
 
 def add_arguments(p):
+    from workbench.errors import number_arg
+
     p.add_argument("--model", choices=("demo", "4bit", "moe", "experts", "kv"), default="demo",
                    help="which demo checkpoint (default: demo, the trained bfloat16 model; experts: MoE with "
                         "task-specialised experts; kv: KV-shared layers, 8-token window)")
     p.add_argument("--path", type=Path, default=None, help="a checkpoint directory to use instead")
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help=f"text to complete (default: {DEFAULT_PROMPT!r})")
-    p.add_argument("--max-tokens", type=int, default=12)
+    p.add_argument("--max-tokens", type=number_arg(1, integer=True), default=12)
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                    help="compute dtype (default: the checkpoint's; float32 runs the 4-bit copy ~10x faster on CPU)")
     p.add_argument("--eval", action="store_true", help="held-out exact-match accuracy per task")
-    p.add_argument("--n", type=int, default=100, help="--eval: held-out examples per task (default 100)")
+    p.add_argument("--n", type=number_arg(1, integer=True), default=100, help="--eval: held-out examples per task (default 100)")
     p.add_argument("--heads", action="store_true", help="measure previous-token / induction / recall heads")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 

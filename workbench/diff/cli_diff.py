@@ -12,6 +12,7 @@ import math
 
 from workbench.diff import cli_common as common
 from workbench.diff.metrics import Tolerance
+from workbench.errors import number_arg
 
 
 def add_arguments(p) -> None:
@@ -21,15 +22,15 @@ def add_arguments(p) -> None:
     p.add_argument("--map", metavar="RULES.json", help="JSON list of [regex, replacement] pairs for engine names")
     common.add_dtype_argument(p)
     d = Tolerance()
-    p.add_argument("--min-cosine", type=float, default=d.min_cosine,
+    p.add_argument("--min-cosine", type=number_arg(-1, 1, what="a cosine similarity"), default=d.min_cosine,
                    help=f"an op diverges below this cosine similarity (default {d.min_cosine})")
-    p.add_argument("--max-nmse", type=float, default=d.max_nmse,
+    p.add_argument("--max-nmse", type=number_arg(0), default=d.max_nmse,
                    help=f"an op diverges above this MSE / var(reference) (default {d.max_nmse})")
-    p.add_argument("--max-abs", type=float, default=None, help="an op diverges above this max abs error (default: off)")
+    p.add_argument("--max-abs", type=number_arg(0), default=None, help="an op diverges above this max abs error (default: off)")
     p.add_argument("--noise-floor", choices=("bfloat16", "float16"), default=None,
                    help="the engine's compute dtype: also run our reference in it and hold every op to "
                         f"--noise-factor x that run's error instead of fixed limits (reference in float32)")
-    p.add_argument("--noise-factor", type=float, default=d.noise_factor,
+    p.add_argument("--noise-factor", type=number_arg(0, above=True), default=d.noise_factor,
                    help=f"multiple of the noise floor an op may reach (default {d.noise_factor:g})")
     p.add_argument("--no-local", dest="local", action="store_false",
                    help="skip the local errors (our op on the engine's own inputs; about one more forward)")

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from workbench import fsio
-from workbench.patterns import PatternError, UserRegex
+from workbench.patterns import MAX_RULES, MAX_RULES_CHARS, Budget, PatternError, UserRegex
 
 Rules = list[tuple[UserRegex, str]]
 
@@ -43,7 +43,12 @@ def compile_rules(rules: Iterable[Sequence[str]] | None, where: str = "rules") -
         return out
     if isinstance(rules, (str, bytes)) or not hasattr(rules, "__iter__"):
         raise RulesError(f"{where}: expected a list of [regex, replacement] pairs")
+    budget = Budget()  # every rule's matches share one time budget (patterns.TOTAL_BUDGET)
+    chars = 0
     for i, rule in enumerate(rules):
+        if i >= MAX_RULES:
+            raise RulesError(f"{where}: more than {MAX_RULES} rules; an engine's names need far fewer "
+                             "(one rule per naming pattern, with groups for the numbers)")
         if isinstance(rule, tuple) and len(rule) == 2 and isinstance(rule[0], UserRegex) and isinstance(rule[1], str):
             out.append(rule)  # compiled already
             continue
@@ -51,8 +56,12 @@ def compile_rules(rules: Iterable[Sequence[str]] | None, where: str = "rules") -
                 or not all(isinstance(x, str) for x in rule)):
             raise RulesError(f"{where}: rule {i} is {rule!r}; each rule is a [regex, replacement] pair of strings")
         pat, rep = rule
+        chars += len(pat) + len(rep)
+        if chars > MAX_RULES_CHARS:
+            raise RulesError(f"{where}: the rules up to rule {i} hold over {MAX_RULES_CHARS} characters; "
+                             "write fewer, shorter rules")
         try:  # run under a time limit (catastrophic backtracking cannot hang the diff)
-            rx = UserRegex(pat, f"{where}: rule {i}")
+            rx = UserRegex(pat, f"{where}: rule {i}", budget=budget)
         except PatternError as e:
             raise RulesError(f"{where}: rule {i}: regex {pat!r} does not compile: {e.reason}") from None
         rep = _python_replacement(rep)

@@ -315,7 +315,9 @@ class DiffReport:
             lines.append(f"our ops with no engine tensor ({len(self.unmatched_reference)}): "
                          + ", ".join(self.unmatched_reference[:20])
                          + (" ..." if len(self.unmatched_reference) > 20 else ""))
-        return "\n".join(lines)
+        from workbench.errors import printable_lines  # names from the dump escaped: one line each
+
+        return printable_lines(lines)
 
     __str__ = summary
 

@@ -20,6 +20,8 @@ import json
 
 
 def add_arguments(p):
+    from workbench.errors import number_arg
+
     p.add_argument("path", help="checkpoint directory (config.json + safetensors), the same on every host")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="text to run (rank 0 encodes it with the checkpoint's tokenizer.json)")
@@ -33,7 +35,7 @@ def add_arguments(p):
                                        "(their scores and softmax become steps)")
     p.add_argument("--logits", help="write the logits to this .npy file (float32, rank 0; a new file: "
                                     "an existing one is not replaced)")
-    p.add_argument("--top", type=int, default=5, help="ops closest to overflow to list (default 5)")
+    p.add_argument("--top", type=number_arg(0, integer=True), default=5, help="ops closest to overflow to list (default 5)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 

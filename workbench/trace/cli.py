@@ -17,6 +17,8 @@ import math
 
 
 def add_arguments(p):
+    from workbench.errors import number_arg
+
     p.add_argument("path", help="checkpoint directory (config.json + safetensors)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="text to run (needs the checkpoint's tokenizer.json)")
@@ -32,7 +34,7 @@ def add_arguments(p):
     p.add_argument("--attention", default="fused", metavar="fused|explicit|LAYERS",
                    help="attention as one fused op a layer (default), as explicit scores/softmax/context "
                         "steps, or explicit in the listed layers only (e.g. 0,3)")
-    p.add_argument("--top", type=int, default=5, help="ops closest to overflow to list (default 5)")
+    p.add_argument("--top", type=number_arg(0, integer=True), default=5, help="ops closest to overflow to list (default 5)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -44,12 +46,18 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def _print(line: str) -> None:
+    """One line of the text report; names from the checkpoint are escaped (no forged lines)."""
+    from workbench.errors import printable
+    print(printable(line))
+
+
 def print_headroom(rows) -> None:
     """The ops closest to overflow, one a line (nothing when there are none)."""
     if rows:
-        print("closest to overflow (absmax / largest finite value):")
+        _print("closest to overflow (absmax / largest finite value):")
         for name, h in rows:
-            print(f"  {h:10.3g}  {name}")
+            _print(f"  {h:10.3g}  {name}")
 
 
 def run(args) -> int:
@@ -110,24 +118,24 @@ def run(args) -> int:
     dt = dtype_name(t.dtype)
     f = result.finding
     if f is None:
-        print(f"clean: no NaN or Inf in any of {report['ops_checked']} ops ({dt}, {len(ids)} tokens)")
+        _print(f"clean: no NaN or Inf in any of {report['ops_checked']} ops ({dt}, {len(ids)} tokens)")
         print_headroom(t.headroom(args.top))
         return 0
     where = f"layer {f.layer}, " if f.layer is not None else ""
-    print(f"first non-finite op: {f.op} ({where}{f.kind}, op {f.index} of {len(t.ops)})")
-    print(f"  cause: {f.cause}")
-    print(f"  {f.detail}")
+    _print(f"first non-finite op: {f.op} ({where}{f.kind}, op {f.index} of {len(t.ops)})")
+    _print(f"  cause: {f.cause}")
+    _print(f"  {f.detail}")
     at = f", first at index {list(f.first_index)}" if f.first_index is not None else ""
-    print(f"  output {list(f.shape)} {f.dtype}: nan {f.nan}, +inf {f.posinf}, -inf {f.neginf} of {f.size} elements{at}")
+    _print(f"  output {list(f.shape)} {f.dtype}: nan {f.nan}, +inf {f.posinf}, -inf {f.neginf} of {f.size} elements{at}")
     for d in f.inputs:
-        print(f"  input  {d['name']}: {d['dtype']} {d['shape']} absmax {_fmt(d.get('absmax'))}"
+        _print(f"  input  {d['name']}: {d['dtype']} {d['shape']} absmax {_fmt(d.get('absmax'))}"
               f"  nan {d['nan']} +inf {d['posinf']} -inf {d['neginf']}")
     for d in f.weights:
-        print(f"  tensor {d['name']}: {d['dtype']} {d['shape']} absmax {_fmt(d.get('absmax'))}"
+        _print(f"  tensor {d['name']}: {d['dtype']} {d['shape']} absmax {_fmt(d.get('absmax'))}"
               f"  nan {d['nan']} +inf {d['posinf']} -inf {d['neginf']}")
     if f.closest_before:
-        print("  closest to overflow before it:")
+        _print("  closest to overflow before it:")
         for name, h in f.closest_before:
-            print(f"    {h:10.3g}  {name}")
-    print(f"checked {report['ops_checked']} of {len(t.ops)} ops ({dt})")
+            _print(f"    {h:10.3g}  {name}")
+    _print(f"checked {report['ops_checked']} of {len(t.ops)} ops ({dt})")
     return 1
