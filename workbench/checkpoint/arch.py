@@ -307,8 +307,9 @@ def read_rope(p, where: str, theta_default=None) -> dict:
                                                        where=f"{where}.original_max_position_embeddings")
     if t == "yarn":
         out["attention_factor"] = _float(p, "attention_factor", allow_none=True, where=f"{where}.attention_factor")
-        out["beta_fast"] = _float(p, "beta_fast", 32.0, where=f"{where}.beta_fast")
-        out["beta_slow"] = _float(p, "beta_slow", 1.0, where=f"{where}.beta_slow")
+        # (rotations: YaRN's correction dims take their log, so far below one is no real model)
+        out["beta_fast"] = _float(p, "beta_fast", 32.0, where=f"{where}.beta_fast", minimum=1e-6, maximum=1e6)
+        out["beta_slow"] = _float(p, "beta_slow", 1.0, where=f"{where}.beta_slow", minimum=1e-6, maximum=1e6)
         for k in ("mscale", "mscale_all_dim"):
             out[k] = _float(p, k, allow_none=True, inclusive=True, where=f"{where}.{k}")
         out["truncate"] = _bool(p, "truncate", True)
