@@ -3,8 +3,8 @@
     workbench inspect PATH [--values] [--tensors] [--json]
     workbench inspect PATH --diff OTHER [--values] [--json]
 
-Exit status: 0 no errors, 1 errors found (or, with --diff, the checkpoints differ),
-2 the path cannot be read as a checkpoint at all.
+Exit status: 0 no errors, 1 errors found (with --diff: the checkpoints differ, a side has
+errors, or not every tensor could be compared), 2 the path cannot be read as a checkpoint.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def run(args) -> int:
                 print(json.dumps(d, indent=2, allow_nan=False, default=str))
             else:
                 print(render_diff(d))
-            return 0 if d["same"] else 1
+            return 0 if d["verdict"] in ("same", "headers-match") else 1
         r = inspect(args.path, values=args.values, tensors=args.tensors, progress=progress)
     except (CheckpointError, MissingExtra) as e:
         raise UsageError(str(e)) from None

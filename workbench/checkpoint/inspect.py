@@ -119,7 +119,10 @@ def inspect(path, values: bool = False, *, tensors: bool = False, progress=None,
 
 def diff(a, b, values: bool = False, progress=None) -> dict:
     """What differs between two checkpoints: names (canonical for the language model, as
-    stored for other components), shapes, dtypes, quantization; with values, statistics."""
+    stored for other components), shapes, dtypes, quantization; with values, statistics
+    and every tensor's bytes.  Each side is inspected first: its errors are in
+    ``problems`` and keep ``verdict`` off "same" ("damaged"); ``coverage`` says how many
+    tensors were compared out of how many (compare.py)."""
     cka = a if isinstance(a, Checkpoint) else open_checkpoint(a)
     ckb = b if isinstance(b, Checkpoint) else open_checkpoint(b)
     ra = inspect(cka, values=values, tensors=True, progress=progress)

@@ -134,6 +134,20 @@ def render_diff(d: dict) -> str:
     out = [f"a: {d['a']}", f"b: {d['b']}"]
     if d["model_type"][0] != d["model_type"][1]:
         out.append(f"  model_type: {d['model_type'][0]} vs {d['model_type'][1]}")
+    probs = d.get("problems") or {}
+    for side in ("a", "b"):
+        ps = probs.get(side) or []
+        if ps:
+            out.append(f"  {side} is damaged: {len(ps)} error{'s' if len(ps) != 1 else ''} "
+                       f"(`workbench inspect {d[side]}` lists them)")
+            by_code = {}
+            for p in ps:
+                by_code.setdefault(p["code"], []).append(p)
+            for code, group in by_code.items():
+                for p in group[:5]:
+                    out.append(f"    error   {code:<22} {p['message']}")
+                if len(group) > 5:
+                    out.append(f"    error   {code:<22} ... and {len(group) - 5} more (--json lists all)")
     for key, lab in (("only_a", "only in a"), ("only_b", "only in b")):
         if d[key]:
             out.append(f"  {lab} ({len(d[key])}):")
@@ -148,8 +162,41 @@ def render_diff(d: dict) -> str:
         out.append(f"  values differ ({len(d['values'])}):")
         for x in d["values"][:50]:
             ch = ", ".join(f"{k} {_g(v[0])} -> {_g(v[1])}" for k, v in x["changed"].items())
+            b = x.get("bytes")
+            if b is not None:
+                ch = (ch + "; " if ch else "statistics agree, ") + (
+                    f"{b['bytes']} of {b['of']} bytes differ, the first at byte {b['first_byte']} of the tensor"
+                    if b["bytes"] is not None else "the byte sizes differ")
             out.append(f"    {x['tensor']}: {ch}")
-    out.append("  same" if d["same"] else "  differ")
+    cov = d.get("coverage")
+    if cov:
+        out.append(f"  compared: {cov['compared']} of {cov['tensors']} tensors by name, shape, dtype and quantization"
+                   + ("" if cov["compared"] == cov["tensors"] else
+                      f" ({cov['tensors'] - cov['compared']} are on one side only)"))
+        if cov.get("values_compared") is not None:
+            nc = cov.get("not_compared") or []
+            out.append(f"  values: {cov['values_compared']} of {cov['in_both']} tensors compared byte for byte"
+                       + (f"; {len(nc)} could not be read:" if nc else ""))
+            for x in nc[:10]:
+                out.append(f"    {x['tensor']}: {x['why']}")
+            if len(nc) > 10:
+                out.append(f"    ... {len(nc) - 10} more (--json lists all)")
+        else:
+            out.append("  values: not compared (--values reads and compares every tensor byte for byte)")
+    verdict = d.get("verdict") or ("same" if d["same"] else "differ")
+    if verdict == "same":
+        out.append("  same")
+    elif verdict == "headers-match":
+        out.append("  headers match (names, shapes, dtypes, quantization); values not compared: --values")
+    elif verdict == "damaged":
+        sides = " and ".join(s for s in ("a", "b") if probs.get(s))
+        out.append(f"  not vouched for: {sides} {'is' if len(sides) == 1 else 'are'} damaged"
+                   + ("; they also differ" if any(d[k] for k in ("only_a", "only_b", "shape", "dtype", "quantization"))
+                      or d.get("values") else ""))
+    elif verdict == "incomplete":
+        out.append("  not vouched for: not every tensor could be compared")
+    else:
+        out.append("  differ")
     return printable_lines(out)
 
 

@@ -404,9 +404,10 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
             weights = _split_weights(loaded, eng, rules, model.order)
         report = compare_arrays(model.values, eng, order=model.order, rules=rules, tolerance=tolerance,
                                 inputs=model.inputs, noise=noise, noise_dtype=noise_floor, aligned=aligned,
-                                topk=topk, tokens=len(model.ids) if model.ids else None)
+                                topk=topk, tokens=len(model.ids) if model.ids else None, empty_ok=bool(weights))
         if weights:
             report.weights = compare_weights(loaded, weights, report.tolerance)
+        report.engine_total += len(weights)  # the dump's weights count in its coverage
         if local and loaded is not None and model.ids:
             local_errors(report, loaded, aligned, model.ids, dtype=model.dtype, dtypes=model.dtypes)
         return report
@@ -429,9 +430,10 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
     report = compare_arrays(values, eng, order=program.names, rules=rules, tolerance=tolerance,
                             inputs={op.name: tuple(op.inputs) for op in program.ops}, noise=noise,
                             noise_dtype=noise_floor, aligned=aligned, topk=topk_dependents(program),
-                            tokens=len(token_ids))
+                            tokens=len(token_ids), empty_ok=bool(weights))
     if weights:
         report.weights = compare_weights(m, weights, report.tolerance)
+    report.engine_total += len(weights)  # the dump's weights count in its coverage
     if local and matched:
         local_errors(report, m, aligned, token_ids, dtype=dtype, dtypes=dtypes)
     return report

@@ -87,4 +87,4 @@ def run(args) -> int:
         print(json.dumps(report.to_dict()))
     else:
         print(report.summary(max_ops=10_000 if args.all else 40))
-    return 1 if report.found else 0
+    return 0 if report.clean else 1

@@ -23,6 +23,12 @@ from workbench.program import layer_of  # op names: layers.{i}[.…] -> i
 from workbench.patterns import UserRegex
 
 
+#: the share of the engine's tensors (those the rules do not drop) that must be compared before
+#: the diff says "no divergence": below it, the answer is exit 1 and the names to map
+#: (docs/diff.md, "Coverage")
+MIN_COVERAGE = 0.5
+
+
 class DiffError(ValueError):
     """Input the diff cannot use (two engine tensors for one op, an empty dump, ...)."""
 
@@ -126,6 +132,8 @@ class DiffReport:
     inputs: dict[str, tuple[str, ...]] = field(default_factory=dict)  # op -> the ops it reads (from the program)
     noise_dtype: str | None = None  # the dtype of the noise-floor run, if the limits were calibrated
     weights: list = field(default_factory=list)  # WeightDiff: engine tensors named like checkpoint tensors
+    engine_total: int | None = None  # every tensor of the engine's dump (activations and weights)
+    dropped: list[str] = field(default_factory=list)  # engine tensors the rules map to "" (left out on purpose)
 
     @property
     def first_divergence(self) -> OpDiff | None:
@@ -134,6 +142,52 @@ class DiffReport:
     @property
     def compared(self) -> int:
         return sum(o.compared for o in self.ops)
+
+    @property
+    def coverage(self) -> dict[str, Any]:
+        """How much of the engine's dump was compared: ``compared`` of ``engine_tensors`` (the
+        dump's tensors less those the rules drop), as ops and weights, and ``ops_compared`` of
+        our program's ``ops``; ``enough`` when at least :data:`MIN_COVERAGE` of them were."""
+        total = self.engine_total if self.engine_total is not None else \
+            len(self.ops) + len(self.unmatched_engine) + len(self.weights)
+        counted = max(total - len(self.dropped), 0)
+        weights = sum(w.status in ("ok", "diverged") for w in self.weights)
+        compared = self.compared + weights
+        frac = compared / counted if counted else 0.0
+        return {"compared": compared, "engine_tensors": counted, "dropped": len(self.dropped),
+                "ops_compared": self.compared, "weights_compared": weights, "ops": len(self.order),
+                "fraction": frac, "min_fraction": MIN_COVERAGE, "enough": compared > 0 and frac >= MIN_COVERAGE}
+
+    def coverage_text(self) -> str:
+        c = self.coverage
+        parts = [f"{c['ops_compared']} op{'s' if c['ops_compared'] != 1 else ''}"]
+        if c["weights_compared"]:
+            parts.append(f"{c['weights_compared']} weight{'s' if c['weights_compared'] != 1 else ''}")
+        dropped = f", {c['dropped']} more dropped by the rules" if c["dropped"] else ""
+        return (f"compared {c['compared']} of the engine's {c['engine_tensors']} tensors ({', '.join(parts)}"
+                f"{dropped}); {c['ops_compared']} of our {c['ops']} ops")
+
+    @property
+    def low_coverage(self) -> str | None:
+        """Why the diff cannot vouch for the engine (too little of its dump compared), or None."""
+        c = self.coverage
+        if c["enough"]:
+            return None
+        return (f"coverage too low for a verdict: compared {c['compared']} of the engine's {c['engine_tensors']} "
+                f"tensors ({c['fraction']:.0%}; a verdict needs {MIN_COVERAGE:.0%}), {c['ops_compared']} of our "
+                f"{c['ops']} ops: map the engine's names (--map RULES.json) or drop those with no counterpart "
+                "(a rule replacing them with \"\")")
+
+    @property
+    def clean(self) -> bool:
+        """Nothing found and enough of the dump compared to say so (CLI exit status 0)."""
+        return not self.found and self.low_coverage is None
+
+    @property
+    def outcome(self) -> str:
+        """"divergence" (a finding: exit 1), "low-coverage" (nothing found in too little: exit 1)
+        or "no-divergence" (exit 0)."""
+        return "divergence" if self.found else ("low-coverage" if self.low_coverage else "no-divergence")
 
     @property
     def found(self) -> bool:
@@ -181,8 +235,11 @@ class DiffReport:
         return d
 
     def verdict(self) -> str | None:
-        """One sentence on where the bug is, from the global and local errors (and the weights)."""
+        """One sentence on where the bug is, from the global and local errors (and the weights);
+        with nothing found in too little of the dump, why there is no verdict."""
         v = self._verdict()
+        if v is None and self.first_weight_mismatch is None:
+            return self.low_coverage
         fw = self.first_weight_mismatch
         if fw is not None:
             w = f"the engine's {fw.name} differs from the checkpoint's ({fw.reasons[0] if fw.reasons else fw.status})"
@@ -226,7 +283,9 @@ class DiffReport:
     def to_dict(self) -> dict[str, Any]:
         return {
             "first_divergence": self.first_divergence_dict(),
+            "outcome": self.outcome,
             "compared": self.compared,
+            "coverage": self.coverage,
             "unmatched_engine": list(self.unmatched_engine),
             "unmatched_reference": list(self.unmatched_reference),
             "ops": [o.to_dict() for o in self.ops],
@@ -240,6 +299,7 @@ class DiffReport:
             "verdict": self.verdict(),
             "renamed": dict(self.renamed),
             "suggestions": dict(self.suggestions),
+            "dropped": list(self.dropped),
         }
 
     def summary(self, max_ops: int = 40) -> str:
@@ -247,7 +307,10 @@ class DiffReport:
         lines = []
         fd = self.first_divergence
         fl = self.first_local_divergence
-        if fd is None:
+        low = self.low_coverage
+        if fd is None and low:
+            lines.append(low)
+        elif fd is None:
             if self.noise_dtype:
                 lines.append(f"no divergence: {self.compared} ops compared within {self.tolerance.noise_factor:g} x "
                              f"the error of our own {self.noise_dtype} run")
@@ -272,8 +335,12 @@ class DiffReport:
             if pat:
                 lines.append("  by position: " + pat)
         v = self.verdict()
-        if v:
+        if v and v != low:
             lines.append("  " + v)
+        if not (fd is None and low):
+            lines.append("  coverage: " + self.coverage_text()
+                         + ("" if low is None else f" (under the {MIN_COVERAGE:.0%} needed to vouch for the rest)"))
+
         def f(x, spec, nan="-"):  # "nan" where a metric is NaN because of non-finite values, "-" where not computed
             if x is None:
                 return "-"
@@ -390,7 +457,8 @@ def compare_arrays(reference: Mapping[str, Any], engine: Mapping[str, Any], orde
                    rules: Rules | Iterable[Sequence[str]] | None = None, tolerance: Tolerance | dict | None = None,
                    inputs: Mapping[str, Sequence[str]] | None = None, noise: Mapping[str, Any] | None = None,
                    noise_dtype: str | None = None, aligned: dict | None = None,
-                   topk: Mapping[str, Iterable[str]] | None = None, tokens: int | None = None) -> DiffReport:
+                   topk: Mapping[str, Iterable[str]] | None = None, tokens: int | None = None,
+                   empty_ok: bool = False) -> DiffReport:
     """Compare engine activations with ours.
 
     ``reference``: our activations by op name (every op of ``order`` that the engine may
@@ -407,11 +475,12 @@ def compare_arrays(reference: Mapping[str, Any], engine: Mapping[str, Any], orde
     whose leading dims are the top-k's (router weights ``[.., k]``, expert outputs
     ``[.., k, D]``).  Rows that select different experts are left as they are.
     ``tokens``: the number of input tokens, to profile the error per token position.
+    ``empty_ok``: an empty ``engine`` is no error (its dump held only weights, compared apart).
     """
     tol = Tolerance.from_any(tolerance)
     rules = as_rules(rules)
     order = list(order) if order is not None else list(reference)
-    if not engine:
+    if not engine and not empty_ok:
         raise DiffError("the engine dump holds no tensors")
     available = [n for n in order if n in reference]
     matched, unmatched_engine, renamed = match_names(engine.keys(), available, rules)
@@ -467,6 +536,7 @@ def compare_arrays(reference: Mapping[str, Any], engine: Mapping[str, Any], orde
         od.status = "diverged" if od.reasons else "ok"
         ops.append(od)
     unmatched_reference = [n for n in order if n not in matched]
+    dropped = [en for en in unmatched_engine if renamed.get(en) == ""]
     suggestions = {}
     for en in unmatched_engine:
         close = difflib.get_close_matches(renamed.get(en, en), order, n=1, cutoff=0.75)
@@ -475,4 +545,5 @@ def compare_arrays(reference: Mapping[str, Any], engine: Mapping[str, Any], orde
     return DiffReport(ops=ops, order=order, unmatched_engine=unmatched_engine,
                       unmatched_reference=unmatched_reference, tolerance=tol, renamed=renamed,
                       suggestions=suggestions, noise_dtype=noise_dtype if noise is not None else None,
-                      inputs={k: tuple(v) for k, v in (inputs or {}).items()})
+                      inputs={k: tuple(v) for k, v in (inputs or {}).items()},
+                      engine_total=len(engine), dropped=dropped)

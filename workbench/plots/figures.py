@@ -149,7 +149,12 @@ def error_curve(report: Any, metrics: Sequence[str] | None = None, title: str | 
     ax.set_xlabel(f"op index in execution order ({len(order)} ops, {report.compared} compared)")
     ax.set_ylabel("error (log scale)")
     if title is None:
-        title = "engine vs reference: " + (f"first divergence at {fd.op}" if fd else "no divergence")
+        cov = getattr(report, "coverage", None)
+        low = cov is not None and not cov["enough"]  # too little of the dump compared: no verdict
+        title = "engine vs reference: " + (
+            f"first divergence at {fd.op}" if fd else
+            f"no verdict: {cov['compared']} of the engine's {cov['engine_tensors']} tensors compared" if low else
+            "no divergence")
         if fl is not None and (fd is None or fl.op != fd.op):
             title += f"; first op wrong on the engine's inputs: {fl.op}"
     ax.set_title(title, fontsize=11)

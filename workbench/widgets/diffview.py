@@ -28,12 +28,20 @@ class DiffView(W.VBox):
     def __init__(self, report):
         self.report = report
         fd = report.first_divergence
-        if fd is None:
+        low = getattr(report, "low_coverage", None)
+        if fd is None and report.found:  # an op wrong on the engine's own inputs, or a weight unlike the checkpoint's
+            head = f"<b style='color:#c00'>found</b>: {html.escape(report.verdict() or '')}"
+        elif fd is None and low:  # too little of the dump compared: no verdict, and no "no divergence"
+            head = f"<b style='color:#b60'>{html.escape(low.split(':', 1)[0])}</b>:{html.escape(low.split(':', 1)[1])}"
+        elif fd is None:
             head = (f"<b style='color:#393'>no divergence</b>: {report.compared} ops compared within tolerance")
         else:
             head = (f"<b style='color:#c00'>first divergence: {html.escape(fd.op)}</b> "
                     f"(engine tensor <code>{html.escape(fd.engine_name)}</code>, op #{fd.index}"
                     + (f", layer {fd.layer}" if fd.layer is not None else "") + f"); {report.compared} ops compared")
+        if hasattr(report, "coverage_text") and not (fd is None and low):
+            head += "<br>coverage: " + html.escape(report.coverage_text()) + (
+                "" if not low else " <b style='color:#b60'>(too little of the dump to vouch for the rest)</b>")
         if report.unmatched_engine:
             head += f"<br>{len(report.unmatched_engine)} engine tensors match no op: " + html.escape(
                 ", ".join(report.unmatched_engine[:8]) + (" ..." if len(report.unmatched_engine) > 8 else ""))
