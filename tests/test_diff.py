@@ -190,14 +190,14 @@ def test_npy_directory_and_safetensors_engine(ckpt, reference, tmp_path, capsys)
     (["diff", "{tmp}/missing_model", "{tmp}/names.npz", "--ids", "1"], "missing_model"),
     (["dump", "{ck}", "--ids", "1,2,100000", "--out", "{tmp}/x.safetensors"], "out of range"),
     (["dump", "{ck}", "--ids", "1,2", "--out", "{tmp}/x.safetensors", "--ops", "nothing.*"], "no op matches"),
-    (["dump", "{ck}", "--ids", "1,a", "--out", "{tmp}/x.safetensors"], "comma-separated integers"),
+    (["dump", "{ck}", "--ids", "1,a", "--out", "{tmp}/x.safetensors"], "expected comma-separated ASCII digits"),
     (["dump", "{ck}", "--ids", "1,2", "--out", "{ck}/model.safetensors"], "not overwriting"),
     (["dump", "{tmp}/broken", "--ids", "1,2", "--out", "{tmp}/x.safetensors"], "missing-tensor"),
     (["diff", "{tmp}/badtype", "{tmp}/names.npz", "--ids", "1,2"], "model_type 'foo' is built neither by mlx-lm nor by mlx-vlm"),
-    (["diff", "{ck}", "{tmp}/names.npz", "--ids", "1,2", "--min-cosine", "nan"], "--min-cosine must be a finite"),
-    (["diff", "{ck}", "{tmp}/names.npz", "--ids", "1,2", "--max-nmse", "inf"], "--max-nmse must be a finite"),
-    (["diff", "{ck}", "{tmp}/names.npz", "--ids", "1,2", "--max-abs=-inf"], "--max-abs must be a finite"),
-    (["diff", "{ck}", "{tmp}/names.npz", "--ids", "1,2", "--noise-factor", "NaN"], "--noise-factor must be a finite"),
+    (["diff", "{ck}", "{tmp}/names.npz", "--ids", "1,2", "--min-cosine", "nan"], "argument --min-cosine: nan is out of range"),
+    (["diff", "{ck}", "{tmp}/names.npz", "--ids", "1,2", "--max-nmse", "inf"], "argument --max-nmse: inf is out of range"),
+    (["diff", "{ck}", "{tmp}/names.npz", "--ids", "1,2", "--max-abs=-inf"], "argument --max-abs: -inf is out of range"),
+    (["diff", "{ck}", "{tmp}/names.npz", "--ids", "1,2", "--noise-factor", "NaN"], "argument --noise-factor: NaN is out of range"),
 ])
 def test_unusable_input_exits_2_with_one_line(ckpt, tmp_path, capsys, args, msg):
     (tmp_path / "garbage.safetensors").write_bytes(b"\xff" * 64)
