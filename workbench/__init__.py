@@ -39,6 +39,10 @@ def __getattr__(name):
 
         mod = importlib.import_module("workbench.trace")
         return mod if name == "trace" else mod.generate
+    if name == "crash_hunt":  # ``workbench.crash_hunt(path, prompt)``: the step that kills the process
+        from workbench.trace.crash import crash_hunt
+
+        return crash_hunt
     if name in ("diff", "plots"):  # ``workbench.diff.compare(...)``, ``workbench.plots.error_curve(...)``
         import importlib
 

@@ -1,7 +1,8 @@
 """Find the first op whose output holds NaN or Inf, and why.
 
     workbench hunt PATH (--prompt TEXT | --ids 1,2,3) [--dtype float16|bfloat16|float32]
-                   [--memory-budget SIZE] [--json]
+                   [--memory-budget SIZE] [--granularity auto|op|module] [--json]
+    workbench hunt PATH ... --crash [--timeout SECONDS]
 
 Runs the checkpoint's forward op by op with statistics of every op, stops at the first
 op with a NaN, +Inf or -Inf element (counted per element) and names its cause:
@@ -9,6 +10,13 @@ overflow, invalid, nonfinite-weight or nonfinite-input.  Exit status: 1 found, 0
 2 unusable input.  ``--json`` prints
 ``{"first_nonfinite": {"op", "layer", "cause", "nan", "posinf", "neginf", ...} | null,
 "ops_checked": int}``.
+
+``--crash``: the forward runs in a child process, one synchronized step at a time, and the
+step that kills it (a signal, an MLX abort, an exit, a hang past ``--timeout``) is reported
+with its inputs, its output's shape and a suggested cause (workbench/trace/crash.py).
+Exit 1 crashed, 0 no crash, 2 unusable input; ``--json`` prints
+``{"crash": {"op", "index", "kind", "stage", "inputs", "output", "signal", ...} | null,
+"steps_completed": int, "steps": int, ...}``.
 """
 from __future__ import annotations
 
@@ -35,6 +43,14 @@ def add_arguments(p):
                    help="attention as one fused op a layer (default), as explicit scores/softmax/context "
                         "steps, or explicit in the listed layers only (e.g. 0,3)")
     p.add_argument("--top", type=number_arg(0, integer=True), default=5, help="ops closest to overflow to list (default 5)")
+    p.add_argument("--granularity", choices=("auto", "op", "module"), default="auto",
+                   help="op program (op) or the reference's module calls (module); auto: op where a program exists")
+    p.add_argument("--crash", action="store_true",
+                   help="find the step that kills the process (signal, abort, hang): the forward runs in a child "
+                        "process, one synchronized op or module call at a time")
+    p.add_argument("--timeout", type=number_arg(0, above=True), default=None, metavar="SECONDS",
+                   help="with --crash: seconds one step (or loading) may take before it counts as a hang "
+                        "(default 600)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -75,8 +91,12 @@ def run(args) -> int:
         budget = None if args.memory_budget is None else parse_bytes(args.memory_budget, "--memory-budget")
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if args.crash:
+        return run_crash(args, budget)
+    if args.timeout is not None:
+        raise UsageError("--timeout bounds the child of --crash: give --crash too")
     try:
-        model = workbench.load(args.path, memory_budget=budget)
+        model = workbench.load(args.path, memory_budget=budget, granularity=args.granularity)
     except NotEnoughMemory as e:  # (names the checkpoint, the bytes, the memory and a budget that works)
         raise UsageError(str(e)) from None
     except Exception as e:  # any failure to open is unusable input, reported in one line
@@ -138,4 +158,54 @@ def run(args) -> int:
         for name, h in f.closest_before:
             _print(f"    {h:10.3g}  {name}")
     _print(f"checked {report['ops_checked']} of {len(t.ops)} ops ({dt})")
+    return 1
+
+
+def run_crash(args, budget) -> int:
+    """``hunt --crash``: the step that kills the process (workbench/trace/crash.py)."""
+    import os
+
+    from workbench.attention import parse_option
+    from workbench.errors import UsageError, parse_ids
+    from workbench.trace.crash import DEFAULT_TIMEOUT, crash_hunt
+
+    if not os.path.exists(args.path):
+        raise UsageError(f"cannot load {args.path}: no such file or directory")
+    src = args.prompt if args.prompt is not None else parse_ids(args.ids)
+    attention = None
+    if args.attention != "fused":
+        try:
+            attention = parse_option(args.attention)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    try:
+        result = crash_hunt(args.path, src, dtype=args.dtype, granularity=args.granularity, attention=attention,
+                            memory_budget=budget, timeout=args.timeout if args.timeout is not None else DEFAULT_TIMEOUT)
+    except (ValueError, TypeError) as e:  # the child could not open its input: one line
+        raise UsageError(str(e).strip("'\"")) from None
+    report = result.report
+    if args.json:
+        print(json.dumps(report, indent=2, allow_nan=False, default=str))
+        return 1 if result.found else 0
+    where = f"({report['granularity']}, {report['device']}, {report['dtype']}, {report['tokens']} tokens, " \
+            f"{report['seconds']:.2f} s)"
+    f = result.finding
+    if f is None:
+        _print(f"no crash: the forward completed, {report['steps_completed']} steps each run and synchronized {where}")
+        return 0
+    if f.op is None:
+        _print(f"crash before the first step, while {f.stage}: {f.how}")
+    else:
+        lay = f"layer {f.layer}, " if f.layer is not None else ""
+        _print(f"crash: {f.how} in {f.op} ({lay}{f.kind}, step {f.index} of {report['steps']}, {f.stage})")
+    for d in f.inputs:
+        _print(f"  input  {d['name']}: {d['dtype']} {d['shape']} ({d['size']} elements)")
+    if f.output is not None:
+        _print(f"  output {f.output['dtype']} {f.output['shape']} ({f.output['size']} elements, "
+               f"{f.output['nbytes']} bytes)")
+    for c in f.causes:
+        _print(f"  suggested cause: {c}")
+    if f.stderr:
+        _print(f"  last line it printed: {f.stderr.splitlines()[-1]}")
+    _print(f"{report['steps_completed']} steps completed before it {where}")
     return 1

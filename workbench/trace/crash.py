@@ -1,0 +1,568 @@
+"""The crash hunt: which op (or module call) kills the process, and what it was given.
+
+    result = workbench.crash_hunt("path/to/checkpoint", "the cat sat", dtype="bfloat16")
+    result.found, result.finding.op, result.finding.signal, result.finding.causes
+    workbench hunt PATH --prompt TEXT --crash [--timeout S] [--json]
+
+A process that dies (SIGFPE inside a kernel, SIGSEGV, an MLX abort) takes its trace with
+it.  So the forward runs in a child process (``python -m workbench.trace.crash``), one step
+of the Trace at a time (``tr.step()``: an op of the op program, or a module call at module
+granularity), each evaluated and synchronized (``mx.synchronize()``) before the next.
+Before a step runs, the child writes to the parent, one JSON line each over a pipe of its
+own (not stdout, which libraries print to):
+
+* ``{"event": "step", "index", "name", "kind", "layer", "inputs": [{name, shape, dtype, size}]}``;
+* ``{"event": "output", "index", "shape", "dtype", "size", "nbytes", "memory_free"}``: the
+  step's output as MLX's lazy graph shapes it, built but not yet run;
+* ``{"event": "done", "index"}`` once it ran and the device is synchronized;
+
+and ``start``, ``stage``, ``error`` and ``end`` around them.  When the child dies the last
+step it announced and did not finish is the one that killed it: the parent reports it, the
+shapes, dtypes and element counts it read and made, how the child ended (the signal by
+name, or the exit code, or the exception a step raised) and a suggested cause where one is
+known (:func:`suggest`).  A step (or the child's start) running past ``timeout`` seconds is
+a hang: the parent kills the child (by its process id) and reports the step.  The parent
+reads with a deadline and drops a line the child did not finish writing, so a child dying
+mid-message cannot hang it.  No pickle: plain JSON lines.
+
+Testing aid: the child reads the environment variable ``WORKBENCH_CRASH_AT`` =
+``NAME[:HOW]`` (:data:`CRASH_AT_ENV`; the parent never reads it): at the first step whose
+name matches ``NAME`` (exact, a glob or ``re:...``), after announcing it and before running
+it, the child kills itself: ``HOW`` is a signal name (``FPE``, the default, ``SEGV``,
+``BUS``, ``ILL``, ``KILL``, ``TERM``), ``abort`` (``os.abort()``: SIGABRT, as an MLX abort),
+``exit`` or ``exit=N`` (a non-zero exit), ``raise`` (an exception in the step), ``hang``
+(sleeps: the timeout's finding) or ``torn`` (half a message, then SIGKILL).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+#: the testing aid read by the child only: ``NAME[:HOW]`` (see the module's docstring)
+CRASH_AT_ENV = "WORKBENCH_CRASH_AT"
+#: seconds one step (or the child's start: loading the checkpoint) may take before it is a hang
+DEFAULT_TIMEOUT = 600.0
+#: element counts past which 32-bit indexing breaks (signed / unsigned)
+INT32_ELEMENTS = 2**31
+UINT32_ELEMENTS = 2**32
+
+_PLANT_SIGNALS = ("FPE", "SEGV", "BUS", "ILL", "KILL", "TERM", "ABRT")
+_PLANT_OTHER = ("abort", "exit", "raise", "hang", "torn")
+#: child exit codes: 3 unusable input (reported by an error message), 4 a step raised
+_EXIT_INPUT, _EXIT_STEP = 3, 4
+_MAX_LINE = 4 * 2**20  # a longer line from the child is dropped (a module call's many inputs fit)
+_STDERR_TAIL = 2000
+
+
+# ============================================================================ the report
+
+@dataclass
+class CrashFinding:
+    """Where and how the child died.
+
+    ``op``, ``index``, ``kind``, ``layer``: the step it died in (None when it died before
+    the first step: while loading or recording); ``stage``: ``"load"``, ``"trace"`` (making
+    the trace: a module-level model records its forward), ``"build"`` (building the step's
+    graph), ``"run"`` (running and synchronizing it), ``"between steps"`` or ``"exit"``;
+    ``inputs``: ``[{name, shape, dtype, size}]``; ``output``: ``{shape, dtype, size, nbytes}``
+    (None when it died before the graph was built); ``signal`` (``"SIGFPE"``) or
+    ``exit_code`` or ``error`` (an exception the step raised); ``hung`` with ``timeout``;
+    ``causes``: suggested causes; ``stderr``: the end of what the child printed."""
+
+    op: str | None
+    index: int | None
+    kind: str | None
+    layer: int | None
+    stage: str
+    inputs: list = field(default_factory=list)
+    output: dict | None = None
+    signal: str | None = None
+    exit_code: int | None = None
+    error: str | None = None
+    hung: bool = False
+    timeout: float | None = None
+    causes: list = field(default_factory=list)
+    memory_free: int | None = None
+    stderr: str = ""
+
+    @property
+    def how(self) -> str:
+        """How the child ended, in words: 'SIGFPE', 'exit code 3', 'hung (over 5 s)', 'raised ...'."""
+        if self.hung:
+            return f"hung (no progress in {self.timeout:g} s)"
+        if self.error is not None:
+            return f"raised {self.error}"
+        if self.signal is not None:
+            return self.signal
+        return f"exit code {self.exit_code}"
+
+    def to_dict(self) -> dict:
+        return {"op": self.op, "index": self.index, "kind": self.kind, "layer": self.layer, "stage": self.stage,
+                "inputs": self.inputs, "output": self.output, "signal": self.signal, "exit_code": self.exit_code,
+                "error": self.error, "hung": self.hung, "timeout": self.timeout, "causes": self.causes,
+                "memory_free": self.memory_free, "stderr": self.stderr}
+
+    def __str__(self) -> str:
+        where = (f"{self.op} ({'' if self.layer is None else f'layer {self.layer}, '}{self.kind}, step {self.index})"
+                 if self.op is not None else f"no step ({self.stage})")
+        return f"{where}: {self.how}" + (f"; {self.causes[0]}" if self.causes else "")
+
+    def __repr__(self) -> str:
+        return f"<CrashFinding {self}>"
+
+
+@dataclass
+class CrashResult:
+    """``report``: the JSON of ``workbench hunt --crash``; ``finding``: a
+    :class:`CrashFinding`, or None when the forward completed; ``messages``: every message
+    the child sent (plain dicts)."""
+
+    report: dict
+    finding: CrashFinding | None
+    messages: list = field(default_factory=list, repr=False)
+
+    @property
+    def found(self) -> bool:
+        return self.finding is not None
+
+    def __str__(self) -> str:
+        r = self.report
+        if self.finding is None:
+            return (f"no crash: {r['steps_completed']} of {r['steps']} steps ran, each synchronized "
+                    f"({r['granularity']}, {r['device']})")
+        return f"crash at {self.finding} ({r['steps_completed']} of {r['steps']} steps completed)"
+
+    def __repr__(self) -> str:
+        return f"<CrashResult {self}>"
+
+
+def _fmt_bytes(n: int) -> str:
+    from workbench.sizes import fmt_bytes
+
+    return fmt_bytes(n)
+
+
+def _count_note(what: str, shape, size: int) -> str | None:
+    if size >= UINT32_ELEMENTS:
+        return (f"{what} {list(shape)} has {size} elements, at or past 2^32: a 32-bit element count or "
+                f"index wraps (MLX's CUDA backend dies with SIGFPE on lm_head's [16384, 262144] logits, "
+                f"2^32 elements; fewer positions, or logits for the positions needed, avoid it)")
+    if size >= INT32_ELEMENTS:
+        return (f"{what} {list(shape)} has {size} elements, at or past 2^31: a signed 32-bit element "
+                f"count or index overflows in a kernel")
+    return None
+
+
+def suggest(finding: CrashFinding) -> list[str]:
+    """Causes known to kill a process at a step like this one, most likely first: an element
+    count at or past 2^32 / 2^31 (the output's, then each input's), an output larger than the
+    memory free when the step began (workbench.device_memory), SIGKILL (the kernel's
+    out-of-memory killer), an allocation error raised by MLX."""
+    out = []
+    o = finding.output
+    if o is not None:
+        note = _count_note("the output", o["shape"], o["size"])
+        if note:
+            out.append(note)
+    for d in finding.inputs:
+        note = _count_note(f"input {d['name']}", d["shape"], d["size"])
+        if note:
+            out.append(note)
+    free = finding.memory_free
+    if o is not None and free is not None and o.get("nbytes") is not None and o["nbytes"] > free:
+        out.append(f"an allocation beyond free memory: the output needs {_fmt_bytes(o['nbytes'])}, "
+                   f"{_fmt_bytes(free)} was free when the step began (workbench/device_memory.py)")
+    if finding.signal == "SIGKILL" and not finding.hung:
+        out.append("SIGKILL from outside the process: most often the kernel's out-of-memory killer "
+                   "(see dmesg)")
+    err = (finding.error or "").lower()
+    if finding.error is not None and ("alloc" in err or "out of memory" in err):
+        out.append("an allocation failed: the step asks for more memory than the device has free")
+    return out
+
+
+# ============================================================================ the parent
+
+def _jsonable_ids(ids_or_text):
+    """Text, ids or a batch of either, as plain JSON values (what the child's trace takes)."""
+    x = ids_or_text
+    if hasattr(x, "tolist") and not isinstance(x, (str, list, tuple)):
+        x = x.tolist()  # (an mx.array or numpy array of ids: its integers, checked by the child)
+    if isinstance(x, tuple):
+        x = list(x)
+    if isinstance(x, list):
+        x = [e.tolist() if hasattr(e, "tolist") and not isinstance(e, (str, list, tuple, int)) else e for e in x]
+    try:
+        json.dumps(x, allow_nan=False)
+    except (TypeError, ValueError):
+        raise TypeError(f"crash_hunt: cannot send {type(ids_or_text).__name__} to the child: pass text, "
+                        "token ids, or a list of either") from None
+    return x
+
+
+def _model_spec(model_or_path, granularity, library, memory_budget, dtype):
+    """(path, granularity, library, memory_budget, dtype) for the child, from a path or an
+    opened model (reopened there from its path)."""
+    if isinstance(model_or_path, (str, os.PathLike)):
+        return os.path.abspath(os.fspath(model_or_path)), granularity, library, memory_budget, dtype
+    path = getattr(model_or_path, "path", None)
+    if path is None:
+        raise TypeError("crash_hunt: pass a checkpoint path or a model opened by workbench.load (the child "
+                        f"reopens it from its path), not {type(model_or_path).__name__}")
+    if granularity == "auto":
+        granularity = getattr(model_or_path, "granularity", "op")
+    if library is None:
+        library = getattr(model_or_path, "library", None) if granularity == "module" else None
+    if memory_budget is None and getattr(model_or_path, "release_weights", None) is not None:
+        memory_budget = getattr(model_or_path, "memory_budget", None)
+    if dtype is None:
+        import mlx.core as mx
+
+        d = getattr(model_or_path, "dtype", None)
+        if isinstance(d, mx.Dtype) and d != getattr(model_or_path, "default_dtype", d):
+            from workbench.dtypes import dtype_name
+
+            dtype = dtype_name(d)
+    return os.path.abspath(os.fspath(path)), granularity, library, memory_budget, dtype
+
+
+def crash_hunt(model_or_path, ids_or_text, dtype=None, *, granularity: str = "auto", library: str | None = None,
+               attention=None, memory_budget=None, timeout: float | None = DEFAULT_TIMEOUT,
+               python: str | None = None) -> CrashResult:
+    """Run the forward in a child process, one synchronized step at a time, and report the
+    step that killed it (:class:`CrashResult`; ``found`` False when the forward completed).
+
+    ``model_or_path``: a checkpoint path, or a model from :func:`workbench.load` (the child
+    reopens its path at its granularity).  ``ids_or_text``, ``dtype``, ``attention``: as
+    :func:`workbench.trace` takes them (``attention`` at op level only).  ``granularity``,
+    ``library``, ``memory_budget``: as :func:`workbench.load` takes them.  ``timeout``: seconds
+    one step (or the child's start) may take before it counts as a hang (None: no limit).
+    Input the child cannot use (an unreadable checkpoint, a prompt without a tokenizer, an
+    id out of range) is a ValueError naming it, as in a plain trace.  ``python``: the
+    interpreter the child runs under (default: this one)."""
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or not math.isfinite(timeout) or timeout <= 0):
+        raise ValueError(f"timeout must be a positive number of seconds or None, not {timeout!r}")
+    if not isinstance(granularity, str) or granularity not in ("auto", "op", "module"):
+        raise ValueError(f"granularity must be one of auto, op, module, not {granularity!r}")
+    path, granularity, library, memory_budget, dtype = _model_spec(model_or_path, granularity, library,
+                                                                   memory_budget, dtype)
+    spec = {"path": path, "granularity": granularity, "library": library, "dtype": dtype,
+            "attention": attention, "memory_budget": memory_budget, "ids_or_text": _jsonable_ids(ids_or_text)}
+    try:
+        payload = json.dumps(spec, allow_nan=False).encode()
+    except (TypeError, ValueError):
+        raise TypeError("crash_hunt: attention and memory_budget must be plain values (str, int, list)") from None
+    t0 = time.perf_counter()
+    messages, ended, rc, hung_after, torn, stderr, stepping = _run_child(payload, timeout, python or sys.executable)
+    seconds = time.perf_counter() - t0
+    result = _result(messages, ended, rc, hung_after, torn, stderr, timeout, seconds)
+    result.report["stepping_seconds"] = None if stepping is None else round(stepping, 3)
+    return result
+
+
+def _run_child(payload: bytes, timeout, python: str):
+    """Start the child, feed it ``payload``, read its messages until it ends (or hangs).
+    Returns (messages, saw_end, returncode, hung, torn_bytes, stderr_tail, seconds from the
+    child's ``start`` to its last message: the stepping, without Python's start or the load)."""
+    r, w = os.pipe()
+    err = tempfile.TemporaryFile()
+    request = tempfile.TemporaryFile()  # (its stdin: a file, so a long prompt never blocks the parent)
+    try:
+        request.write(payload)
+        request.seek(0)
+        try:
+            proc = subprocess.Popen([python, "-m", "workbench.trace.crash", "--child", str(w)],
+                                    stdin=request, stdout=err, stderr=err, pass_fds=(w,))
+        finally:
+            os.close(w)  # (the child holds the only write end: its death is our EOF)
+        messages, buf, hung, ended = [], b"", False, False
+        deadline = None if timeout is None else time.monotonic() + timeout
+        exited_at = started = last = None
+        while True:
+            wait = 0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))
+            ready, _, _ = select.select([r], [], [], wait)
+            if ready:
+                data = os.read(r, 1 << 16)
+                if not data:
+                    break  # EOF: the child (and anything it started) closed the pipe
+                buf += data
+                *lines, buf = buf.split(b"\n")
+                if len(buf) > _MAX_LINE:
+                    buf = b""
+                for line in lines:
+                    try:
+                        m = json.loads(line)
+                    except ValueError:
+                        continue  # (not ours, or garbled: ignored)
+                    if not isinstance(m, dict):
+                        continue
+                    messages.append(m)
+                    last = time.monotonic()
+                    if m.get("event") == "start":
+                        started = last
+                    if m.get("event") in ("stage", "step") and timeout is not None:
+                        deadline = time.monotonic() + timeout  # (each step has its own limit)
+                    ended = ended or m.get("event") == "end"
+                continue
+            if proc.poll() is not None:  # exited, yet the pipe is open: a process it started holds it
+                exited_at = exited_at or time.monotonic()
+                if time.monotonic() - exited_at > 2.0:
+                    break
+            if deadline is not None and time.monotonic() >= deadline and proc.poll() is None:
+                hung = True
+                proc.kill()  # (our own child, by its process id)
+                break
+        try:
+            rc = proc.wait(timeout=None if timeout is None else max(timeout, 5.0))
+        except subprocess.TimeoutExpired:  # EOF but still running: it closed the pipe and hangs
+            hung = True
+            proc.kill()
+            rc = proc.wait()
+        err.seek(0, os.SEEK_END)
+        size = err.tell()
+        err.seek(max(0, size - _STDERR_TAIL))
+        tail = err.read().decode("utf-8", "replace")
+        stepping = None if started is None else last - started
+        return messages, ended, rc, hung, len(buf), tail.strip(), stepping
+    finally:
+        os.close(r)
+        err.close()
+        request.close()
+
+
+_INPUT_STAGES = ("spec", "load", "trace")
+
+
+def _result(messages, ended, rc, hung, torn, stderr, timeout, seconds) -> CrashResult:
+    start = next((m for m in messages if m.get("event") == "start"), {})
+    errors = [m for m in messages if m.get("event") == "error"]
+    if errors and errors[-1].get("stage") in _INPUT_STAGES and not hung:
+        raise ValueError(errors[-1].get("message") or "the child could not open its input")
+    completed = sum(1 for m in messages if m.get("event") == "done")
+    report = {"crash": None, "steps_completed": completed, "steps": start.get("steps"),
+              "granularity": start.get("granularity"), "device": start.get("device"),
+              "dtype": start.get("dtype"), "tokens": start.get("tokens"), "seconds": round(seconds, 3)}
+    if ended and rc == 0 and not hung:
+        return CrashResult(report, None, messages)
+
+    # the last step announced and not finished is the one it died in
+    step = out = None
+    done = set()
+    stage = next((m.get("stage") for m in reversed(messages) if m.get("event") == "stage"), "start")
+    for m in messages:
+        ev = m.get("event")
+        if ev == "step":
+            step, out = m, None
+        elif ev == "output" and step is not None and m.get("index") == step.get("index"):
+            out = m
+        elif ev == "done":
+            done.add(m.get("index"))
+    if step is not None and step.get("index") in done:
+        stage = "exit" if ended else "between steps"
+    elif step is not None:
+        stage = "run" if out is not None else "build"
+    error = errors[-1].get("message") if errors else None
+    f = CrashFinding(op=step.get("name") if step else None, index=step.get("index") if step else None,
+                     kind=step.get("kind") if step else None, layer=step.get("layer") if step else None,
+                     stage=stage, inputs=list(step.get("inputs") or []) if step else [],
+                     output=({k: out.get(k) for k in ("shape", "dtype", "size", "nbytes")} if out else None),
+                     memory_free=out.get("memory_free") if out else None,
+                     hung=hung, timeout=timeout if hung else None, error=error, stderr=stderr)
+    if not hung:
+        if rc < 0:
+            try:
+                f.signal = signal.Signals(-rc).name
+            except ValueError:
+                f.signal = f"signal {-rc}"
+        else:
+            f.exit_code = rc
+    f.causes = suggest(f)
+    if torn:
+        f.causes.append(f"(the child died in the middle of a message: {torn} bytes of it dropped)")
+    report["crash"] = f.to_dict()
+    return CrashResult(report, f, messages)
+
+
+# ============================================================================ the child
+
+class _Pipe:
+    """JSON lines to the parent, one ``os.write`` each (no buffering: a line sent is a line
+    the parent has, whatever happens next)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def send(self, **m) -> None:
+        data = (json.dumps(m, allow_nan=False, default=str) + "\n").encode()
+        while data:
+            data = data[os.write(self.fd, data):]
+
+
+def _plant():
+    """(pattern, how) from ``WORKBENCH_CRASH_AT``, or None."""
+    spec = os.environ.get(CRASH_AT_ENV, "").strip()
+    if not spec:
+        return None
+    name, sep, how = spec.rpartition(":")
+    if not sep or not (how.upper() in _PLANT_SIGNALS or how.split("=")[0] in _PLANT_OTHER):
+        name, how = spec, "FPE"
+    return name, how
+
+
+def _die(how: str, pipe: _Pipe) -> None:
+    """The planted death (the testing aid of ``WORKBENCH_CRASH_AT``)."""
+    if how == "abort":
+        os.abort()
+    if how.startswith("exit"):
+        code = int(how.split("=", 1)[1]) if "=" in how else 1
+        os._exit(code)
+    if how == "raise":
+        raise RuntimeError(f"planted by {CRASH_AT_ENV}")
+    if how == "hang":
+        while True:
+            time.sleep(3600)
+    if how == "torn":
+        os.write(pipe.fd, b'{"event": "done", "ind')
+        os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), getattr(signal, "SIG" + how.upper()))
+    time.sleep(5)  # (a signal the process survives, then a plain exit)
+    os._exit(1)
+
+
+def _one_line(e: BaseException, typed: bool = False) -> str:
+    """The first line of an exception's message (``typed``: after its type's name)."""
+    text = str(e).strip().strip("'\"").strip()
+    line = text.splitlines()[0] if text else type(e).__name__
+    return f"{type(e).__name__}: {line}" if typed and text else line
+
+
+def _described(name: str, a) -> dict:
+    from workbench.dtypes import dtype_name
+
+    return {"name": name, "shape": list(a.shape), "dtype": dtype_name(a.dtype), "size": int(a.size)}
+
+
+def _memory_free():
+    """Bytes free for a new allocation now (device_memory's figure; less what MLX holds on a GPU
+    with memory of its own), None where unknown."""
+    import mlx.core as mx
+    from workbench.device_memory import available_memory
+
+    try:
+        avail, _ = available_memory()
+        if avail is not None and mx.default_device().type == mx.DeviceType.gpu:
+            total = int(mx.device_info().get("total_memory") or 0)
+            if total:  # (CUDA: MemAvailable does not see the device's memory in use)
+                avail = min(avail, max(total - int(mx.get_active_memory()), 0))
+        return avail
+    except Exception:  # noqa: BLE001 - a figure only
+        return None
+
+
+def _child(fd: int) -> int:
+    pipe = _Pipe(fd)
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # (a planted or real crash leaves no core file)
+    except (ImportError, OSError, ValueError):
+        pass
+    pipe.send(event="stage", stage="spec", pid=os.getpid())
+    try:
+        spec = json.loads(sys.stdin.buffer.read())
+    except ValueError as e:
+        pipe.send(event="error", stage="spec", message=f"unreadable request: {e}")
+        return _EXIT_INPUT
+    import workbench  # (first: MLX on a fast BLAS)
+    import mlx.core as mx
+
+    pipe.send(event="stage", stage="load")
+    try:
+        model = workbench.load(spec["path"], granularity=spec["granularity"], library=spec["library"],
+                               memory_budget=spec["memory_budget"])
+    except Exception as e:  # noqa: BLE001 - unusable input, in one line
+        pipe.send(event="error", stage="load", message=f"cannot load {spec['path']}: {_one_line(e)}")
+        return _EXIT_INPUT
+    module = getattr(model, "granularity", "op") == "module"
+    src = spec["ids_or_text"]
+    pipe.send(event="stage", stage="trace")
+    try:
+        if isinstance(src, str) and getattr(model, "tokenizer", None) is None and not module:
+            why = getattr(getattr(model, "checkpoint", None), "tokenizer_error", None)
+            raise ValueError(f"{spec['path']}: {why}; pass ids instead of text" if why else
+                             f"{spec['path']} has no tokenizer.json: pass ids instead of text")
+        kw = {}
+        if spec["attention"] not in (None, "fused"):
+            if module:
+                raise ValueError("attention (--attention): a module-level model runs its own attention modules (no scores step)")
+            from workbench.attention import parse_option
+
+            att = spec["attention"]
+            kw["attention"] = parse_option(att) if isinstance(att, str) else att
+        tr = model.trace(src, capture=None, dtype=spec["dtype"], **kw)
+    except Exception as e:  # noqa: BLE001 - unusable input, in one line
+        pipe.send(event="error", stage="trace", message=_one_line(e))
+        return _EXIT_INPUT
+    ids = getattr(tr, "ids", None)
+    from workbench.dtypes import dtype_name
+
+    pipe.send(event="start", steps=len(tr.ops), granularity="module" if module else "op",
+              device=str(mx.default_device().type).rsplit(".", 1)[-1],
+              dtype=dtype_name(tr.dtype) if tr.dtype is not None else None,
+              tokens=int(ids.shape[-1]) if ids is not None else None)
+    plant = _plant()
+    sync = getattr(mx, "synchronize", None)
+    from workbench.program import name_matches
+
+    ops = tr.program.ops
+    for i, op in enumerate(ops):
+        # what it reads: the module call's array arguments (its tape: nothing evaluated), or the
+        # op's inputs, live in the trace (evaluated by the steps that made them)
+        pairs = tr.inputs(op.name) if module else [(s, tr.value(s)) for s in op.inputs]
+        pipe.send(event="step", index=i, name=op.name, kind=op.kind, layer=op.layer,
+                  inputs=[_described(n, a) for n, a in pairs if isinstance(a, mx.array)])
+        try:  # the output as the lazy graph shapes it (built, not run; the step builds its own)
+            out = op.fn(tr.ctx, *[a for _, a in pairs]) if not module else op.fn(tr.ctx)
+            pipe.send(event="output", index=i, shape=list(out.shape), dtype=dtype_name(out.dtype),
+                      size=int(out.size), nbytes=int(out.nbytes), memory_free=_memory_free())
+            del out
+        except Exception:  # noqa: BLE001 - the step itself raises it again, named
+            pass
+        try:
+            if plant is not None and name_matches(op.name, plant[0]):
+                _die(plant[1], pipe)
+            tr.step()
+            if sync is not None:
+                sync()
+        except Exception as e:  # noqa: BLE001 - an MLX error raised in the step: a finding
+            pipe.send(event="error", stage="run", index=i, message=_one_line(e, typed=True))
+            return _EXIT_STEP
+        pipe.send(event="done", index=i)
+    pipe.send(event="end", steps=len(ops))
+    return 0
+
+
+def _main(argv) -> int:
+    if len(argv) != 2 or argv[0] != "--child" or not argv[1].isdigit():
+        print("workbench.trace.crash: the crash hunt's child, started by crash_hunt() / workbench hunt --crash",
+              file=sys.stderr)
+        return 2
+    fd = int(argv[1])
+    try:
+        return _child(fd)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
