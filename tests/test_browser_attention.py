@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -168,7 +169,7 @@ def test_browser_attention_view_drawn_unrun_from_saved_state(tmp_path, monkeypat
     from nbclient import NotebookClient
     from playwright.sync_api import sync_playwright
 
-    from workbench.lab import trust_notebooks
+    from workbench.lab import sha256, trust_notebooks
 
     nbdir = tmp_path / "nb"
     nbdir.mkdir()
@@ -182,7 +183,10 @@ def test_browser_attention_view_drawn_unrun_from_saved_state(tmp_path, monkeypat
     monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "data"))   # a trust database of our own
     (tmp_path / "lab").mkdir()
     with serve_lab(nbdir, tmp_path / "lab") as (base, token, root), sync_playwright() as pw:
-        assert trust_notebooks(root) == ["saved.ipynb"]
+        # (the lab trusts only what a manifest names with its hash: this test's own)
+        manifest = tmp_path / "trusted.sha256"
+        manifest.write_text(f"{sha256((Path(root) / 'saved.ipynb').read_bytes())}  saved.ipynb\n")
+        assert trust_notebooks(root, manifest) == ["saved.ipynb"]
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})

@@ -111,7 +111,7 @@ MANIFEST = NOTEBOOKS / MANIFEST_NAME
 MAX_NOTEBOOK_BYTES = 64 << 20
 
 
-def _read_plain(path: Path, limit: int = MAX_NOTEBOOK_BYTES) -> bytes:
+def read_plain(path: Path, limit: int = MAX_NOTEBOOK_BYTES) -> bytes:
     """The bytes of ``path``, a regular file that is no symlink (opened with O_NOFOLLOW,
     checked on the open descriptor, so nothing can swap it in between); OSError otherwise."""
     import stat
@@ -146,7 +146,7 @@ def read_manifest(path=MANIFEST) -> dict[str, str]:
     """name -> SHA-256 of each committed notebook; a missing or malformed manifest trusts
     nothing (an empty dict), a malformed line is skipped."""
     try:
-        text = _read_plain(Path(path), 1 << 20).decode("ascii")
+        text = read_plain(Path(path), 1 << 20).decode("ascii")
     except (OSError, UnicodeDecodeError):
         return {}
     out = {}
@@ -170,7 +170,7 @@ def trusted_notebooks(root, manifest=MANIFEST, *, quiet: bool = False) -> dict[s
             why = "not one of the committed notebooks (notebooks/" + MANIFEST_NAME + ")"
         else:
             try:
-                data = _read_plain(p)
+                data = read_plain(p)
             except OSError as e:
                 why = "a symlink or not a regular file" if p.is_symlink() or not p.is_file() else \
                     f"unreadable ({e.strerror or e})"

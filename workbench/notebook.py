@@ -184,9 +184,9 @@ def build(py, execute: bool = True, timeout: int = 900):
 def manifest(root=NOTEBOOKS) -> dict[str, str]:
     """name -> SHA-256 of the bytes of each executed notebook of ``root`` that has its source
     (what ``workbench lab`` may trust: lab.MANIFEST_NAME, written by ``build``)."""
-    from workbench.lab import _read_plain, sha256
+    from workbench.lab import read_plain, sha256
 
-    return {p.with_suffix(".ipynb").name: sha256(_read_plain(p.with_suffix(".ipynb")))
+    return {p.with_suffix(".ipynb").name: sha256(read_plain(p.with_suffix(".ipynb")))
             for p in sources(root) if p.with_suffix(".ipynb").is_file()}
 
 
