@@ -86,6 +86,44 @@ for k, t in enumerate(g.traces):
 # %% [markdown]
 # Equal up to float32 rounding (the sums are done in a different order).
 #
+# ## The same proof per layer, as a check: `cache_check`
+#
+# `workbench.cache_check(model, ids)` (on the command line: `workbench cache-check PATH
+# --prompt TEXT`) does this for one prompt of T tokens, layer by layer: a prefill of the
+# first T-1 tokens and a decode of the last one through the cache, against one forward over
+# all T. It compares the residual stream after every layer (`layers.{i}`) and the `logits`
+# at the last position and names the **first** one that differs beyond its dtype's
+# tolerance (relative: float32 1e-4, float16 1e-2, bfloat16 3.125e-2). A bug enters at one
+# layer and everything after it inherits it, so the first layer is where to look.
+
+# %%
+r = workbench.cache_check(model, prompt)
+print("consistent:", r.consistent, "| first beyond tolerance:", r.first, "| cache:", r.cache)
+print("every layer within 1e-5:", all(row["rel"] < 1e-5 for row in r.rows), [row["name"] for row in r.rows])
+print("TF32:", r.tf32["note"])
+
+# %% [markdown]
+# Now plant the classic bug: an off-by-one position in the decode (the new token is rotated
+# for position T instead of T-1). `WORKBENCH_CACHE_PLANT=position` is a testing aid that does
+# exactly that inside the check:
+
+# %%
+import os
+os.environ["WORKBENCH_CACHE_PLANT"] = "position"
+try:
+    bad = workbench.cache_check(model, prompt)
+finally:
+    del os.environ["WORKBENCH_CACHE_PLANT"]
+print("consistent:", bad.consistent, "| first beyond tolerance:", bad.first)
+for row in bad.rows:
+    print(f"  {row['name']:9s} {'ok ' if row['ok'] else 'BAD'}  relative difference {row['rel']:.2f}")
+
+# %% [markdown]
+# The position enters at the first attention, so `layers.0` is already off, far beyond
+# rounding. On CUDA in float32 the report also says whether **TF32** (MLX's default
+# reduced-precision float32 matmuls there) could explain a small difference; on the CPU it
+# does not apply.
+#
 # ## What the new token looks at
 #
 # In the copy task, the model continues the second half by looking back at the first half.

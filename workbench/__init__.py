@@ -43,6 +43,10 @@ def __getattr__(name):
         from workbench.trace.crash import crash_hunt
 
         return crash_hunt
+    if name == "cache_check":  # ``workbench.cache_check(model, ids)``: cached decode vs one forward, per layer
+        from workbench.trace.cache_check import cache_check
+
+        return cache_check
     if name in ("diff", "plots"):  # ``workbench.diff.compare(...)``, ``workbench.plots.error_curve(...)``
         import importlib
 

@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "dump": ("workbench.diff.cli_dump", "write the reference's activations (float32, by op name) to safetensors"),
     "diff": ("workbench.diff.cli_diff", "compare an engine's activation dump with the reference: first divergence"),
     "hunt": ("workbench.trace.cli", "find the first op whose output holds NaN or Inf, and why (overflow, invalid, bad weight, bad input)"),
+    "cache-check": ("workbench.trace.cli_cache_check", "prefill(T-1) + decode(1) through the KV cache vs one forward: the first layer that differs"),
     "distributed": ("workbench.distributed.cli", "trace a checkpoint split by layers across the processes mlx.launch started (per-op statistics gathered to rank 0)"),
 }
 
