@@ -18,6 +18,31 @@ from workbench.diff.report import DiffError, DiffReport, as_rules, compare_array
 from workbench.diff.weights import compare_weights, is_checkpoint_tensor
 
 
+#: the dump metadata key of the matmul precision the values were computed under (workbench.precision)
+META_PRECISION = "workbench.matmul_precision"
+
+
+def _precision_of(used: str | None) -> str:
+    """The label for a forward computed in dtype ``used`` (inside exact_float32)."""
+    from workbench.precision import matmul_precision
+
+    try:
+        dt = parse_dtype(used) if used else None
+    except ValueError:
+        dt = None
+    return matmul_precision(dt)
+
+
+def _precision_warning(report: DiffReport, reference: str | None, emeta: Mapping) -> None:
+    """Record both sides' matmul precision on ``report`` and warn (one line) when one side's
+    float32 matmuls ran as TF32 and the other's did not."""
+    from workbench.precision import warning
+
+    engine = emeta.get(META_PRECISION) or None
+    report.precision = {"reference": reference, "engine": engine}
+    report.precision_warning = warning(reference, engine)
+
+
 @dataclass
 class Reference:
     """Our activations for one input: float32 arrays by op name, in execution order."""
@@ -29,6 +54,8 @@ class Reference:
     dtype: str | None = None
     inputs: dict[str, tuple[str, ...]] = field(default_factory=dict)
     dtypes: dict[str, str] = field(default_factory=dict)  # each op's own dtype before the float32 dump
+    #: what its float32 matmuls ran as: "float32", "tf32" (CUDA's default), "n/a (cpu)", "n/a (bfloat16)"
+    matmul_precision: str | None = None
 
     def metadata(self) -> dict[str, str]:
         meta = {readers.META_MODEL: self.model or "", readers.META_DTYPE: self.dtype or "float32"}
@@ -36,6 +63,8 @@ class Reference:
             meta[readers.META_IDS] = json.dumps([int(i) for i in self.ids])
         meta["workbench.op_inputs"] = json.dumps({k: list(v) for k, v in self.inputs.items()})
         meta["workbench.op_dtypes"] = json.dumps(self.dtypes)
+        if self.matmul_precision:
+            meta[META_PRECISION] = self.matmul_precision
         return meta
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -63,7 +92,8 @@ class Reference:
         except (json.JSONDecodeError, AttributeError):
             inputs, dtypes = {}, {}
         return cls(values=values, order=order, ids=ids, model=meta.get(readers.META_MODEL) or None,
-                   dtype=meta.get(readers.META_DTYPE), inputs=inputs, dtypes=dtypes)
+                   dtype=meta.get(readers.META_DTYPE), inputs=inputs, dtypes=dtypes,
+                   matmul_precision=meta.get(META_PRECISION) or None)
 
 
 def is_reference_dump(path: str | os.PathLike) -> bool:
@@ -156,21 +186,26 @@ def run_reference(model: Any, prompt: str | None = None, ids: Sequence[int] | No
     This is the program's own uncaptured executor with a keep-set: values not asked for
     are freed as soon as nothing reads them.
     """
+    from workbench.precision import exact_float32
+
     m = _load_model(model, dtype)
     token_ids = _ids_for(m, prompt, ids)
-    program = _program_of(m, token_ids, dtype)
-    names = _select(program, ops)
-    program, out, used = _forward(m, token_ids, names, dtype)
-    values, dtypes = {}, {}
-    for n in names:  # evaluate and convert one op at a time
-        v = out.pop(n)
-        dtypes[n] = dtype_name(v.dtype)
-        values[n] = to_numpy(v)
+    with exact_float32():  # TF32 off on CUDA for the reference; the user's MLX_ENABLE_TF32 restored after
+        program = _program_of(m, token_ids, dtype)
+        names = _select(program, ops)
+        program, out, used = _forward(m, token_ids, names, dtype)
+        values, dtypes = {}, {}
+        for n in names:  # evaluate and convert one op at a time
+            v = out.pop(n)
+            dtypes[n] = dtype_name(v.dtype)
+            values[n] = to_numpy(v)
+        precision = _precision_of(used)
     path = model if isinstance(model, (str, os.PathLike)) else getattr(m, "path", None)
     path = os.path.abspath(path) if path is not None else None
     return Reference(values=values, order=list(program.names), ids=token_ids,
                      model=str(path) if path is not None else None, dtype=used,
-                     inputs={op.name: tuple(op.inputs) for op in program.ops}, dtypes=dtypes)
+                     inputs={op.name: tuple(op.inputs) for op in program.ops}, dtypes=dtypes,
+                     matmul_precision=precision)
 
 
 def dump(model: Any, out: str | os.PathLike | None = None, prompt: str | None = None,
@@ -211,18 +246,22 @@ def _select(program, ops) -> list[str]:
 def _dump_streaming(model, out, prompt, ids, ops, dtype) -> Reference:
     """Write the dump op by op: the header from the lazy shapes, then each value as it is
     evaluated, so peak memory is the forward's own live set, not every activation."""
+    from workbench.precision import exact_float32
+
     m = _load_model(model, dtype)
     token_ids = _ids_for(m, prompt, ids)
-    names = _select(_program_of(m, token_ids, dtype), ops)
-    program, lazy, used = _forward(m, token_ids, names, dtype)
-    shapes = {n: tuple(lazy[n].shape) for n in names}
-    dtypes = {n: dtype_name(lazy[n].dtype) for n in names}
-    path = model if isinstance(model, (str, os.PathLike)) else getattr(m, "path", None)
-    ref = Reference(values={}, order=list(program.names), ids=token_ids,
-                    model=os.path.abspath(path) if path is not None else None,
-                    dtype=used,
-                    inputs={op.name: tuple(op.inputs) for op in program.ops}, dtypes=dtypes)
-    readers.write_dump_streaming(out, shapes, ref.order, ref.metadata(), lambda n: to_numpy(lazy.pop(n)))
+    with exact_float32():  # TF32 off on CUDA for the reference; the user's MLX_ENABLE_TF32 restored after
+        names = _select(_program_of(m, token_ids, dtype), ops)
+        program, lazy, used = _forward(m, token_ids, names, dtype)
+        shapes = {n: tuple(lazy[n].shape) for n in names}
+        dtypes = {n: dtype_name(lazy[n].dtype) for n in names}
+        path = model if isinstance(model, (str, os.PathLike)) else getattr(m, "path", None)
+        ref = Reference(values={}, order=list(program.names), ids=token_ids,
+                        model=os.path.abspath(path) if path is not None else None,
+                        dtype=used,
+                        inputs={op.name: tuple(op.inputs) for op in program.ops}, dtypes=dtypes,
+                        matmul_precision=_precision_of(used))
+        readers.write_dump_streaming(out, shapes, ref.order, ref.metadata(), lambda n: to_numpy(lazy.pop(n)))
     return ref
 
 
@@ -362,6 +401,8 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
     in float32 unless ``dtype`` says otherwise).  ``local``: also compute each op's local
     error (our op on the engine's own inputs; needs the model, about one more forward).
     """
+    from workbench.precision import exact_float32
+
     rules = _rules(rules)
     noise_floor = _dtype_name(noise_floor)
     if noise_floor is not None and dtype is None:
@@ -409,7 +450,9 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
             report.weights = compare_weights(loaded, weights, report.tolerance)
         report.engine_total += len(weights)  # the dump's weights count in its coverage
         if local and loaded is not None and model.ids:
-            local_errors(report, loaded, aligned, model.ids, dtype=model.dtype, dtypes=model.dtypes)
+            with exact_float32():
+                local_errors(report, loaded, aligned, model.ids, dtype=model.dtype, dtypes=model.dtypes)
+        _precision_warning(report, model.matmul_precision, emeta)
         return report
     m = _load_model(model, dtype)
     if prompt is None and ids is None and readers.META_IDS in emeta:
@@ -421,9 +464,10 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
     values: dict = {}
     noise = None
     dtypes: dict = {}
+    precision = None
     if matched:
         ref = run_reference(m, ids=token_ids, ops=list(matched), dtype=dtype)
-        values, dtypes = ref.values, ref.dtypes
+        values, dtypes, precision = ref.values, ref.dtypes, ref.matmul_precision
         if noise_floor is not None:
             noise = run_reference(m, ids=token_ids, ops=list(matched), dtype=noise_floor).values
     aligned: dict = {}
@@ -435,5 +479,7 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
         report.weights = compare_weights(m, weights, report.tolerance)
     report.engine_total += len(weights)  # the dump's weights count in its coverage
     if local and matched:
-        local_errors(report, m, aligned, token_ids, dtype=dtype, dtypes=dtypes)
+        with exact_float32():
+            local_errors(report, m, aligned, token_ids, dtype=dtype, dtypes=dtypes)
+    _precision_warning(report, precision, emeta)
     return report

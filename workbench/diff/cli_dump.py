@@ -1,7 +1,8 @@
 """Run the reference and write its activations (float32, keyed by op name) to a safetensors file.
 
 The file's metadata holds the op order (``workbench.op_order``, a JSON list), the token ids
-(``workbench.ids``), the model path and the dtype, so the dump can be diffed with any tool.
+(``workbench.ids``), the model path, the dtype and the matmul precision it ran under
+(``workbench.matmul_precision``: TF32 is off for it on CUDA), so the dump can be diffed with any tool.
 """
 from __future__ import annotations
 
@@ -42,9 +43,11 @@ def run(args) -> int:
         ref = dump(args.path, out=out, prompt=prompt, ids=ids, ops=ops, dtype=args.dtype, keep_values=False)
     size = os.path.getsize(out)
     summary = {"out": out, "ops": len(ref.dtypes), "program_ops": len(ref.order), "bytes": size,
-               "ids": ref.ids, "dtype": ref.dtype or "float32", "names": list(ref.dtypes)}
+               "ids": ref.ids, "dtype": ref.dtype or "float32", "names": list(ref.dtypes),
+               "matmul_precision": ref.matmul_precision}
     if args.json:
         print(json.dumps(summary))
     else:
-        print(f"wrote {len(ref.dtypes)} of {len(ref.order)} ops ({size / 1e6:.1f} MB, float32) to {out}")
+        print(f"wrote {len(ref.dtypes)} of {len(ref.order)} ops ({size / 1e6:.1f} MB, float32) to {out}"
+              f" (matmuls: {ref.matmul_precision})")
     return 0

@@ -134,6 +134,9 @@ class DiffReport:
     weights: list = field(default_factory=list)  # WeightDiff: engine tensors named like checkpoint tensors
     engine_total: int | None = None  # every tensor of the engine's dump (activations and weights)
     dropped: list[str] = field(default_factory=list)  # engine tensors the rules map to "" (left out on purpose)
+    #: what each side's float32 matmuls ran as ("float32", "tf32", "n/a (cpu)", ...; None: not recorded)
+    precision: dict = field(default_factory=dict)  # {"reference": ..., "engine": ...}
+    precision_warning: str | None = None  # one line when one side ran TF32 and the other did not
 
     @property
     def first_divergence(self) -> OpDiff | None:
@@ -300,11 +303,13 @@ class DiffReport:
             "renamed": dict(self.renamed),
             "suggestions": dict(self.suggestions),
             "dropped": list(self.dropped),
+            "matmul_precision": dict(self.precision),
+            "precision_warning": self.precision_warning,
         }
 
     def summary(self, max_ops: int = 40) -> str:
         """Text report: the finding, a table of ops (around the first divergence when long), unmatched names."""
-        lines = []
+        lines = [f"warning: {self.precision_warning}"] if self.precision_warning else []
         fd = self.first_divergence
         fl = self.first_local_divergence
         low = self.low_coverage

@@ -53,6 +53,8 @@ class Finding:
     inputs: list = field(default_factory=list)
     weights: list = field(default_factory=list)
     float32_absmax: float | None = None
+    #: what the float32 recompute's matmuls ran as ("float32", "tf32", "n/a (cpu)"; None: none ran)
+    float32_precision: str | None = None
     closest_before: list = field(default_factory=list)
     first_index: tuple | None = None  # index of the first non-finite element (row-major)
     step: Any = field(default=None, repr=False)
@@ -65,6 +67,7 @@ class Finding:
              "posinf": self.posinf, "neginf": self.neginf, "kind": self.kind, "index": self.index,
              "size": self.size, "shape": list(self.shape), "dtype": self.dtype, "detail": self.detail,
              "inputs": self.inputs, "weights": self.weights, "float32_absmax": self.float32_absmax,
+             "float32_precision": self.float32_precision,
              "closest_before": [{"op": n, "headroom": h} for n, h in self.closest_before],
              "first_index": list(self.first_index) if self.first_index is not None else None,
              "inside": self.inside}
@@ -189,10 +192,17 @@ def diagnose(trace, step) -> Finding:
 
     f32 = None
     if trace.dtype is not None and trace.dtype != mx.float32:
+        from workbench.precision import TF32, exact_float32
+
         try:
-            y = trace.recompute(op.name, dtype=mx.float32)
-            counts = _stats.nonfinite_counts(y)
-            f32 = (counts, _absmax(y))
+            with exact_float32() as prec:  # TF32 off on CUDA, the user's MLX_ENABLE_TF32 restored after
+                y = trace.recompute(op.name, dtype=mx.float32)
+                counts = _stats.nonfinite_counts(y)
+                f32 = (counts, _absmax(y))
+            f.float32_precision = prec
+            if prec == TF32:
+                f.detail = ("(the float32 recompute ran as TF32: this process fixed TF32 at an earlier float32 "
+                            "matmul; start it with MLX_ENABLE_TF32=0 for full float32) ")
         except Exception as e:  # the float32 check is an extra; its absence is reported
             f32 = None
             f.detail = f"(float32 recompute failed: {e}) "

@@ -257,6 +257,15 @@ class Trace:
         return getattr(self.ctx, "dtype", None)
 
     @property
+    def matmul_precision(self) -> str:
+        """What its float32 matmuls run as: "float32", "tf32" (MLX's CUDA default; TF32 on
+        the GPU), "n/a (cpu)", or "n/a (bfloat16)" for another compute dtype
+        (workbench.precision, docs/trace.md: TF32)."""
+        from workbench.precision import matmul_precision
+
+        return matmul_precision(self.dtype)
+
+    @property
     def store(self) -> ValueStore:
         return self._store
 
