@@ -164,14 +164,14 @@ def test_numpy_integers_are_token_ids(demo, model):
 
 def test_unknown_keywords_are_a_type_error_naming_them(model):
     with pytest.raises(TypeError) as e:
-        workbench.trace(model, [2, 3], logits="last")
-    _one_line(e, "'logits'")
+        workbench.trace(model, [2, 3], logit="last")
+    _one_line(e, "'logit'")
     with pytest.raises(TypeError) as e:
-        model.trace([2, 3], logits="last", caputre="full")
-    _one_line(e, "'logits'", "'caputre'")
+        model.trace([2, 3], logit="last", caputre="full")
+    _one_line(e, "'logit'", "'caputre'")
     with pytest.raises(TypeError) as e:
-        workbench.generate(model, [2, 3], max_tokens=1, logits="last")
-    _one_line(e, "'logits'")
+        workbench.generate(model, [2, 3], max_tokens=1, logit="last")
+    _one_line(e, "'logit'")
     with pytest.raises(TypeError) as e:
         C.ablate(model, [2, 3], [C.head(0, 0)], metrc=None)
     _one_line(e, "'metrc'")

@@ -15,6 +15,7 @@ and go through ``mx.quantized_matmul`` / ``mx.gather_qmm`` with the checkpoint's
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 from typing import Callable, Container, Iterable, Sequence
 
@@ -303,13 +304,18 @@ class Builder:
 
     def lm_head(self, x: str, tie: bool = True) -> str:
         """``lm_head``: the checkpoint's lm_head when it has one, else the tied embeddings
-        (``embed_tokens`` as a linear; attrs ``tied=True``)."""
+        (``embed_tokens`` as a linear; attrs ``tied=True``), for the positions the context's
+        ``logit_rows`` names (every one when it is None; workbench/trace/logits.py)."""
         if self.has("lm_head.weight"):
-            return self.linear("lm_head", x, tied=False)
-        if not tie:
+            name = self.linear("lm_head", x, tied=False)
+        elif not tie:
             raise ValueError("checkpoint is missing tensor 'lm_head.weight' (config.json says "
                              "tie_word_embeddings is false)")
-        return self.linear("lm_head", x, path="embed_tokens", tied=True)
+        else:
+            name = self.linear("lm_head", x, path="embed_tokens", tied=True)
+        op = self.ops[-1]
+        self.ops[-1] = replace(op, fn=_rows_only(op.fn))
+        return name
 
     def logits(self, x: str, cap: float | None = None) -> str:
         """The ``logits`` op, the program's last: ``x`` as it is, or soft-capped
@@ -320,6 +326,17 @@ class Builder:
 
     def identity(self, name: str, x: str, kind: str = "output", **attrs) -> str:
         return self.op(name, kind, lambda ctx, x: x, [x], **attrs)
+
+
+def _rows_only(fn):
+    """The head computed for the positions the context asks for (``ctx.logit_rows``, a
+    :class:`workbench.trace.logits.LogitRows`; None: every position)."""
+    def head(ctx, x):
+        rows = getattr(ctx, "logit_rows", None)
+        if rows is None:
+            return fn(ctx, x)
+        return rows.head(lambda h: fn(ctx, h), x)
+    return head
 
 
 def _qattrs(q):

@@ -150,6 +150,8 @@ class Context:
     cache: KVCache | None = None
     model: Any = field(default=None, repr=False)
     uniform: bool = True
+    #: the positions the head computes (workbench.trace.logits.LogitRows; None: every one)
+    logit_rows: Any = None
 
 
 # --------------------------------------------------------------------------- model

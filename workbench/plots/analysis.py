@@ -144,7 +144,9 @@ def logit_lens(model: Any, source: Any = None, positions: Sequence[int] | None =
     ``logit_lens(trace)`` takes everything from a Trace (program, context, values, ids);
     otherwise ``model`` supplies ``program`` (and ``ctx`` unless given).  ``positions``
     default to the last 8 tokens; ``decode`` maps a token id to text (default: the
-    model's tokenizer, if it has one).
+    model's tokenizer, if it has one).  Only ``positions`` go through the tail, with every
+    row computed whatever ``logits=`` the trace ran with (``LogitLens.positions`` says which
+    it has; the trace's own logits may hold fewer: ``trace.logit_positions``).
     """
     import mlx.core as mx
 
@@ -190,13 +192,19 @@ def logit_lens(model: Any, source: Any = None, positions: Sequence[int] | None =
     if positions is None:
         positions = list(range(max(0, T - 8), T))
     positions = [p % T for p in positions]
+    if getattr(ctx, "logit_rows", None) is not None:  # the lens projects its own positions, whatever the trace's
+        import dataclasses
+        ctx = dataclasses.replace(ctx, logit_rows=None)
+    rows = mx.array(positions, dtype=mx.int32)
     top_ids, top_p, ent, logps = [], [], [], []
     for li in layers:
         v = raw[li]
         if not isinstance(v, mx.array):
             v = mx.array(to_numpy(v))
+        # only the lens's positions go through the tail (a long prompt's [T, vocab] is never made)
+        v = mx.take(v, rows, axis=v.ndim - 2) if v.ndim >= 2 else v
         logits = project(program, ctx, v, tail).astype(mx.float32)
-        lg = np.array(logits).reshape(-1, logits.shape[-1])[positions]  # [P, V]
+        lg = np.array(logits).reshape(-1, logits.shape[-1])[:len(positions)]  # [P, V] (the first sequence)
         lg = lg - lg.max(-1, keepdims=True)
         lp = lg - np.log(np.exp(lg).sum(-1, keepdims=True))
         p = np.exp(lp)

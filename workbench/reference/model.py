@@ -28,6 +28,7 @@ from workbench.dtypes import dtype_name, parse_dtype
 from workbench.reference import recorder as R
 from workbench.text import TextCodec
 from workbench.trace.modules import ModuleTrace, tape_program
+from workbench.trace import logits as _logits
 from workbench.trace.entry import prepare_ids
 from workbench.trace.step import TraceError
 
@@ -36,12 +37,14 @@ class Session:
     """Records one forward of a :class:`ReferenceModel` on fixed inputs (again, when
     interventions change) and recomputes single module calls."""
 
-    def __init__(self, model: "ReferenceModel", ids: mx.array, dtype, kv_cache=None, extra=None):
+    def __init__(self, model: "ReferenceModel", ids: mx.array, dtype, kv_cache=None, extra=None, logit_rows=None):
         self.model = model
         self.ids = ids
         self.dtype = dtype
         self.kv_cache = kv_cache
         self.extra = dict(extra or {})
+        #: the positions the head computes (workbench.trace.logits.LogitRows; None: every one)
+        self.logit_rows = logit_rows
         self.feeds = {"input_ids": ids}
         self._cache0 = _snapshot(kv_cache)
 
@@ -53,11 +56,20 @@ class Session:
             return _OpView(name, mod)
 
         tape = R.Tape(paths, [(iv, op_for) for iv in interventions], dtype=self.dtype, kv_cache=self.kv_cache)
+        rows = self.logit_rows
+        if rows is not None and not rows.all:
+            tape.cut(rows, self.model.head_input(module), exact=rows.vocab is not None and
+                     rows.batch * rows.T * rows.vocab <= _logits.exact_elements())
         with tape:
             self.model.forward(module, self.ids, self.kv_cache, self.extra)
         if not tape.names or tape.names[-1] != "logits":
             raise TraceError("the reference forward recorded no logits step (its root module did not "
                              "return an array)")
+        if rows is not None and not rows.all:
+            out = tape.outputs[-1]
+            if out.ndim < 2 or out.shape[-2] != len(rows):
+                raise TraceError(f"logits={rows.asked!r}: the {self.model.family} reference's head gave "
+                                 f"{list(out.shape)}, not {len(rows)} positions: use logits='all' with this model")
         return tape
 
     def program(self, tape: R.Tape):
@@ -309,7 +321,7 @@ class ReferenceModel(TextCodec):
 
     def module_trace(self, ids_or_text, capture="stats", dtype=None, breakpoints=None, interventions=None, *,
                      cache=None, attention_mask=None, pad_id=None, images=None, audio=None,
-                     check_ids: bool = True, **kw) -> ModuleTrace:
+                     check_ids: bool = True, logits=None, **kw) -> ModuleTrace:
         """A :class:`ModuleTrace` of one forward (see :func:`workbench.trace.trace`); ``images``
         and ``audio`` (multimodal checkpoints) go through the model's own processor and
         their placeholder tokens go before the text (:mod:`workbench.reference.media`)."""
@@ -336,9 +348,32 @@ class ReferenceModel(TextCodec):
         self.check_length(ids.shape[-1], cache)
         self.check_dtype(dtype)
         dt = parse_dtype(dtype) or self.default_dtype
-        session = Session(self, ids, dt, cache, extra)
-        return ModuleTrace(session, capture=capture, breakpoints=breakpoints, interventions=interventions,
-                           model=self, batched=batched, ids=ids, attention_mask=None, **kw)
+        rows = _logits.resolve(logits, ids.shape[-1], ids.shape[0], self.vocab_size, dt)
+        if not rows.all and self.head_input(self.module(dt)[0]) is None:
+            if rows.asked != "default":
+                raise TraceError(f"logits={logits!r}: the {self.family} reference computes its head in the module "
+                                 "that holds its layers, so no hidden state can be cut before it at module level: "
+                                 "use logits='all' (or granularity='op' where an op program exists)")
+            rows = _logits.LogitRows(range(rows.T), rows.T, "default", batch=rows.batch, vocab=rows.vocab)
+        session = Session(self, ids, dt, cache, extra, logit_rows=rows)
+        tr = ModuleTrace(session, capture=capture, breakpoints=breakpoints, interventions=interventions,
+                         model=self, batched=batched, ids=ids, attention_mask=None, **kw)
+        tr.logit_rows = rows
+        return tr
+
+    def head_input(self, module: nn.Module) -> nn.Module | None:
+        """The module whose output the head reads (the decoder body: the parent of the layer
+        list, e.g. mlx-lm's ``model``), where logits for some positions cut the hidden state;
+        None when the layers sit in the root itself (the head is not separable there)."""
+        for path in LAYER_LISTS:
+            try:
+                v = R.module_at(module, path)
+            except (AttributeError, KeyError, IndexError, TypeError):
+                continue
+            if isinstance(v, (list, tuple)) and v:
+                parent = path.rpartition(".")[0]
+                return R.module_at(module, parent) if parent else None
+        return None
 
     def check_dtype(self, dtype) -> None:
         """Refuse, before running, a compute dtype an MLX kernel this model calls cannot run on

@@ -162,6 +162,17 @@ class Tape:
         self._returned: list = []  # keeps returned handles alive so their ids stay unique
         self._stack: list[str] = []  # names of the module calls in progress (innermost last)
         self._shared = getattr(paths, "shared", None) or {}
+        self._rows = None  # logits for some positions only (:meth:`cut`)
+        self._cut_at = None
+        self._cut_done = False
+
+    def cut(self, rows, body: nn.Module | None, exact: bool = False) -> None:
+        """Logits for ``rows`` only (a :class:`workbench.trace.logits.LogitRows`): ``body``'s
+        output (the hidden state the head reads) is recorded whole and handed on cut to those
+        positions, so the head computes only them; ``exact`` (or no body): the root's output
+        is cut instead, the head computing every position (bit-identical rows)."""
+        self._rows = rows
+        self._cut_at = None if exact else body
 
     def __len__(self) -> int:
         return len(self.names)
@@ -191,6 +202,9 @@ class Tape:
         n = self._count.get(base, 0) + 1
         self._count[base] = n
         name = base if n == 1 else f"{base}#{n}"
+        if self._rows is not None and self._cut_at is None and name == "logits":
+            primary = self._rows.select(primary)  # the head ran on every position: its rows
+            out = put(primary)
         labels = ()
         if self.interventions:
             for iv, op in self.interventions:
@@ -210,6 +224,13 @@ class Tape:
         self.applied.append(labels)
         producer[id(primary)] = i
         self._returned.append(primary)
+        if self._cut_at is not None and module is self._cut_at and not self._cut_done:
+            self._cut_done = True
+            T = self._rows.T
+            if primary.ndim < 2 or primary.shape[-2] != T:
+                raise ValueError(f"logits for some positions: {name}'s output {list(primary.shape)} is not "
+                                 f"[B, {T}, hidden]; use logits='all' with this model")
+            return put(self._rows.select(primary))
         return out
 
     def __enter__(self):

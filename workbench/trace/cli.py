@@ -51,6 +51,9 @@ def add_arguments(p):
     p.add_argument("--timeout", type=number_arg(0, above=True), default=None, metavar="SECONDS",
                    help="with --crash: seconds one step (or loading) may take before it counts as a hang "
                         "(default 600)")
+    p.add_argument("--logits", default=None, metavar="all|last|START:STOP|P,P,...",
+                   help="the positions whose logits the head computes (default: all unless they would pass the "
+                        "logits budget, WORKBENCH_LOGITS_BUDGET, then last)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -125,6 +128,8 @@ def run(args) -> int:
             kw["attention"] = parse_option(args.attention)
         except ValueError as e:
             raise UsageError(str(e)) from None
+    if args.logits is not None:
+        kw["logits"] = parse_logits(args.logits)
     try:
         result = hunt(model, ids, dtype=args.dtype, **kw)
     except (ValueError, KeyError, TraceError) as e:
@@ -137,6 +142,8 @@ def run(args) -> int:
     t = result.trace
     dt = dtype_name(t.dtype)
     f = result.finding
+    if t.logit_rows is not None and not t.logit_rows.all:
+        _print(f"logits: {t.logit_rows.describe()}" + (f" ({t.logits_note})" if t.logits_note else ""))
     if f is None:
         _print(f"clean: no NaN or Inf in any of {report['ops_checked']} ops ({dt}, {len(ids)} tokens)")
         print_headroom(t.headroom(args.top))
@@ -159,6 +166,26 @@ def run(args) -> int:
             _print(f"    {h:10.3g}  {name}")
     _print(f"checked {report['ops_checked']} of {len(t.ops)} ops ({dt})")
     return 1
+
+
+def parse_logits(text: str):
+    """``--logits``: ``all``, ``last``, ``START:STOP`` (either may be empty or negative) or
+    comma-separated positions; anything else is unusable input, in one line."""
+    from workbench.errors import UsageError
+
+    t = text.strip()
+    if t in ("all", "last"):
+        return t
+    try:
+        if ":" in t:
+            parts = [int(x) if x.strip() else None for x in t.split(":")]
+            if len(parts) in (2, 3):
+                return slice(*parts)
+        else:
+            return [int(x) for x in t.split(",")]
+    except ValueError:
+        pass
+    raise UsageError(f"--logits {text!r}: give all, last, START:STOP or comma-separated positions")
 
 
 def run_crash(args, budget) -> int:

@@ -8,6 +8,7 @@ import mlx.core as mx
 import numpy as np
 
 from workbench.dtypes import dtype_name, parse_dtype
+from workbench.trace.logits import resolve as resolve_logits
 from workbench.trace.step import TraceError
 from workbench.trace.store import ValueStore
 from workbench.trace.tracer import Trace
@@ -157,7 +158,7 @@ MEDIA_KEYWORDS = ("images", "audio")  # what only a module-level model takes (wo
 def trace(model, ids_or_text, capture="stats", dtype=None, breakpoints=None, interventions=None, *,
           cache=None, attention_mask=None, pad_id: int | None = None, memory_budget: int | None = None,
           spill_dir: str | None = None, flush_bytes: int = 512 * 2**20, store: ValueStore | None = None,
-          key_prefix: str = "", attention=None, check_ids: bool = True, **extra) -> Trace:
+          key_prefix: str = "", attention=None, check_ids: bool = True, logits=None, **extra) -> Trace:
     """A :class:`Trace` of ``model`` on text, token ids, or a batch of either.
 
     capture: ``"stats"`` (default) | ``"full"`` | [name patterns] | None.
@@ -169,6 +170,9 @@ def trace(model, ids_or_text, capture="stats", dtype=None, breakpoints=None, int
     runs as explicit scores -> softmax -> context steps (docs/trace.md, Attention).
     check_ids: False skips reading the ids back to check their range: for ids a sampler drew
     from this model's logits (a decoding step then queues without waiting for the device).
+    logits: the positions the head computes: ``"all"`` | ``"last"`` | a slice | a list of
+    positions | None (``"all"`` unless [B, T, vocab] would pass the logits budget, then
+    ``"last"``: workbench/trace/logits.py); ``tr.logit_positions`` says which it has.
     """
     module = getattr(model, "granularity", "op") == "module"
     unknown = [k for k in extra if k not in MEDIA_KEYWORDS]
@@ -182,7 +186,7 @@ def trace(model, ids_or_text, capture="stats", dtype=None, breakpoints=None, int
                                   interventions=interventions, cache=cache, attention_mask=attention_mask,
                                   pad_id=pad_id, memory_budget=memory_budget, spill_dir=spill_dir,
                                   flush_bytes=flush_bytes, store=store, key_prefix=key_prefix,
-                                  check_ids=check_ids, **extra)
+                                  check_ids=check_ids, logits=logits, **extra)
     if extra:
         raise TraceError(f"{', '.join(extra)}: only a module-level model (workbench.load(..., "
                          "granularity='module')) takes images or audio")
@@ -191,22 +195,28 @@ def trace(model, ids_or_text, capture="stats", dtype=None, breakpoints=None, int
         mask = attention_mask if isinstance(attention_mask, mx.array) else mx.array(attention_mask)
     dt = _parse_dtype(dtype)
     program = model.program_for(attention) if attention is not None else model.program
-    feeds = model.feeds(ids, attention_mask=mask, cache=cache, check_ids=check_ids)
     ctx = model.context(dt, cache=cache)
+    rows = resolve_logits(logits, ids.shape[1], ids.shape[0], vocab_size(model), ctx.dtype)
+    feeds = model.feeds(ids, attention_mask=mask, cache=cache, check_ids=check_ids)
+    ctx.logit_rows = rows
     check_attention_memory(program, ids.shape[0], ids.shape[1],
                            (cache.offset if cache is not None else 0) + ids.shape[1], ctx.dtype)
 
     def context(dtype, cache):
-        return model.context(dtype, cache=cache)
+        c = model.context(dtype, cache=cache)
+        c.logit_rows = rows
+        return c
 
     def tensors(name):  # the ops only one attention choice has (scores, softmax ...) read no weights
         return model.op_tensors(name) if name in model.program else {}
 
-    return Trace(program, ctx, feeds, capture=capture, breakpoints=breakpoints,
-                 interventions=interventions, context=context, tensors=tensors,
-                 memory_budget=memory_budget, spill_dir=spill_dir, flush_bytes=flush_bytes,
-                 store=store, key_prefix=key_prefix, model=model, batched=batched, ids=ids,
-                 attention_mask=mask)
+    tr = Trace(program, ctx, feeds, capture=capture, breakpoints=breakpoints,
+               interventions=interventions, context=context, tensors=tensors,
+               memory_budget=memory_budget, spill_dir=spill_dir, flush_bytes=flush_bytes,
+               store=store, key_prefix=key_prefix, model=model, batched=batched, ids=ids,
+               attention_mask=mask)
+    tr.logit_rows = rows
+    return tr
 
 
 def available_memory() -> int | None:

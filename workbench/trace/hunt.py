@@ -288,9 +288,20 @@ def hunt(model, ids_or_text, dtype=None, **trace_kwargs) -> HuntResult:
     """Run a forward with statistics of every op and find the first non-finite op.
 
     ``report`` is ``{"first_nonfinite": {op, layer, cause, nan, posinf, neginf, ...} | None,
-    "ops_checked": int}``.
+    "ops_checked": int, "logits": {"positions": "all" | [int], "of": T, "note": str | None}}``
+    (the positions the head computed: ``logits=`` among ``trace_kwargs``, or the default).
     """
     t = model.trace(ids_or_text, capture="stats", dtype=dtype, **trace_kwargs)
     found = t.first_nonfinite()
-    report = {"first_nonfinite": found.to_dict() if found else None, "ops_checked": t.position}
+    report = {"first_nonfinite": found.to_dict() if found else None, "ops_checked": t.position,
+              "logits": logits_report(t)}
     return HuntResult(report, found, t)
+
+
+def logits_report(t) -> dict | None:
+    """``{"positions": "all" | [int], "of": T, "note": str | None}``: which positions a trace's
+    logits have (None: a trace that does not say)."""
+    rows = getattr(t, "logit_rows", None)
+    if rows is None:
+        return None
+    return {"positions": rows.to_json(), "of": rows.T, "note": rows.note}

@@ -657,9 +657,26 @@ class Trace:
         self._flush(wait=True)
         return self._step_at(idx)
 
+    #: the positions the head computed (workbench.trace.logits.LogitRows; None: a program
+    #: run without a model entry, whose last op gives what it gives)
+    logit_rows = None
+
+    @property
+    def logit_positions(self) -> range | tuple | None:
+        """The token positions ``.logits`` has rows for (``trace(..., logits=)``): a ``range``
+        (``range(T)`` for all) or a tuple; None where the trace does not know (a bare program)."""
+        return None if self.logit_rows is None else self.logit_rows.positions
+
+    @property
+    def logits_note(self) -> str | None:
+        """One line when the default computed fewer than every position (why), else None."""
+        return None if self.logit_rows is None else self.logit_rows.note
+
     @property
     def logits(self) -> mx.array:
-        """Logits: [T, vocab] for one sequence, [B, T, vocab] for a batch."""
+        """Logits: [P, vocab] for one sequence, [B, P, vocab] for a batch, P the positions
+        :attr:`logit_positions` names (every one of the T tokens unless ``logits=`` or the
+        logits budget said otherwise)."""
         if not self.done:
             raise TraceError(f"the trace has not reached {self._last_name!r} yet (op {self.position} of "
                              f"{len(self._ops)}); call run()")

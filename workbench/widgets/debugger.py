@@ -56,6 +56,10 @@ CHUNK = 48  # ops per evaluation while running (the progress bar moves between c
 ATTENTION_MAX_BYTES = 64 * 2**20  # an attention pattern larger than this is not sent to the page
 
 
+#: the steps whose rows are the head's positions (op programs: lm_head, logits; module level: logits)
+_HEAD_OPS = ("lm_head", "logits")
+
+
 def _to_numpy(v) -> np.ndarray:
     if isinstance(v, np.ndarray):
         return v
@@ -291,6 +295,10 @@ class StepDebugger(W.VBox):
         ins = ", ".join(shape_str(x) for x in s.input_shapes) or "–"
         bad = " <b style='color:#c00'>non-finite!</b>" if s.nonfinite else ""
         iv = (f"<br><i>intervened: {html.escape('; '.join(s.intervened))}</i>" if s.intervened else "")
+        rows = getattr(tr, "logit_rows", None)
+        if rows is not None and s.name in _HEAD_OPS:  # the head's rows: which positions they are
+            iv += (f"<br><i>rows: the logits at {html.escape(rows.describe())}"
+                   + (f" ({html.escape(rows.note)})" if rows.note else "") + "</i>")
         self.current.value = (
             f"<b>op #{s.index}</b>: <code style='font-size:110%'><b>{html.escape(s.name)}</b></code> "
             f"({html.escape(s.kind)}{layer}){bad}<br>in {ins} → out {shape_str(s.output_shape)} {s.dtype}"
