@@ -173,3 +173,15 @@ def test_suggested_causes():
     c = suggest(finding([1, 100], 100, free=50, nbytes=200))
     assert len(c) == 1 and "beyond free memory" in c[0]
     assert suggest(finding([1, 100], 100, free=10**9)) == []
+
+
+def test_logits_positions_reach_the_child(monkeypatch):
+    """``logits=`` goes to the child's trace: the head over the positions asked for, as the
+    reported output's shape shows."""
+    from workbench.trace.crash import crash_hunt
+
+    monkeypatch.setenv(CRASH_AT_ENV, "lm_head:FPE")
+    one = crash_hunt("assets/demo", [2, 15, 16, 17], logits="last", timeout=120)
+    every = crash_hunt("assets/demo", [2, 15, 16, 17], logits=slice(0, None), timeout=120)
+    assert one.found and every.found and one.finding.op == every.finding.op == "lm_head"
+    assert one.finding.output["shape"][-2] == 1 and every.finding.output["shape"][-2] == 4

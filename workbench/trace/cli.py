@@ -207,7 +207,8 @@ def run_crash(args, budget) -> int:
             raise UsageError(str(e)) from None
     try:
         result = crash_hunt(args.path, src, dtype=args.dtype, granularity=args.granularity, attention=attention,
-                            memory_budget=budget, timeout=args.timeout if args.timeout is not None else DEFAULT_TIMEOUT)
+                            memory_budget=budget, timeout=args.timeout if args.timeout is not None else DEFAULT_TIMEOUT,
+                            logits=parse_logits(args.logits) if args.logits is not None else None)
     except (ValueError, TypeError) as e:  # the child could not open its input: one line
         raise UsageError(str(e).strip("'\"")) from None
     report = result.report

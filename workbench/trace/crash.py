@@ -234,9 +234,20 @@ def _model_spec(model_or_path, granularity, library, memory_budget, dtype):
     return os.path.abspath(os.fspath(path)), granularity, library, memory_budget, dtype
 
 
+def _logits_spec(logits):
+    """``logits=`` as JSON for the child: a name, a list of positions, or a slice's bounds."""
+    if logits is None or isinstance(logits, str):
+        return logits
+    if isinstance(logits, slice):
+        return {"slice": [logits.start, logits.stop, logits.step]}
+    if isinstance(logits, (list, tuple)):
+        return list(logits)
+    raise TypeError(f"logits must be 'all', 'last', a slice or a list of positions, not {type(logits).__name__}")
+
+
 def crash_hunt(model_or_path, ids_or_text, dtype=None, *, granularity: str = "auto", library: str | None = None,
                attention=None, memory_budget=None, timeout: float | None = DEFAULT_TIMEOUT,
-               python: str | None = None) -> CrashResult:
+               python: str | None = None, logits=None) -> CrashResult:
     """Run the forward in a child process, one synchronized step at a time, and report the
     step that killed it (:class:`CrashResult`; ``found`` False when the forward completed).
 
@@ -247,7 +258,10 @@ def crash_hunt(model_or_path, ids_or_text, dtype=None, *, granularity: str = "au
     one step (or the child's start) may take before it counts as a hang (None: no limit).
     Input the child cannot use (an unreadable checkpoint, a prompt without a tokenizer, an
     id out of range) is a ValueError naming it, as in a plain trace.  ``python``: the
-    interpreter the child runs under (default: this one)."""
+    interpreter the child runs under (default: this one).  ``logits``: the positions whose
+    logits the head computes, as :func:`workbench.trace` takes them (default: its default,
+    which keeps only the last position past the logits budget: ``"all"`` reproduces a crash
+    in a head over every position)."""
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                                 or not math.isfinite(timeout) or timeout <= 0):
         raise ValueError(f"timeout must be a positive number of seconds or None, not {timeout!r}")
@@ -256,7 +270,8 @@ def crash_hunt(model_or_path, ids_or_text, dtype=None, *, granularity: str = "au
     path, granularity, library, memory_budget, dtype = _model_spec(model_or_path, granularity, library,
                                                                    memory_budget, dtype)
     spec = {"path": path, "granularity": granularity, "library": library, "dtype": dtype,
-            "attention": attention, "memory_budget": memory_budget, "ids_or_text": _jsonable_ids(ids_or_text)}
+            "attention": attention, "memory_budget": memory_budget, "ids_or_text": _jsonable_ids(ids_or_text),
+            "logits": _logits_spec(logits)}
     try:
         payload = json.dumps(spec, allow_nan=False).encode()
     except (TypeError, ValueError):
@@ -508,6 +523,9 @@ def _child(fd: int) -> int:
 
             att = spec["attention"]
             kw["attention"] = parse_option(att) if isinstance(att, str) else att
+        if spec.get("logits") is not None:
+            lg = spec["logits"]
+            kw["logits"] = slice(*lg["slice"]) if isinstance(lg, dict) else lg
         tr = model.trace(src, capture=None, dtype=spec["dtype"], **kw)
     except Exception as e:  # noqa: BLE001 - unusable input, in one line
         pipe.send(event="error", stage="trace", message=_one_line(e))
