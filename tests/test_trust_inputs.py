@@ -201,7 +201,11 @@ def test_blas_never_loads_from_the_working_directory(tmp_path, how):
 
 def _bounded(code, seconds=30, mb=600):
     """Run ``code`` in a fresh interpreter; its peak RSS and time stay under the bounds."""
-    wrap = code + "\nimport resource; print('RSS', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    # (the peak of this process since its exec: /proc's VmHWM, kB; ru_maxrss would carry the
+    #  forked parent's size across exec on Linux, a pytest process of a full run included)
+    wrap = code + ("\nimport re, resource\ntry:\n    hwm = int(re.search(r'VmHWM:\\s*(\\d+)', "
+                   "open('/proc/self/status').read()).group(1))\nexcept OSError:\n"
+                   "    hwm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\nprint('RSS', hwm)")
     t = time.monotonic()
     r = subprocess.run([PY, "-c", wrap], capture_output=True, text=True, timeout=seconds * 4)
     took = time.monotonic() - t
