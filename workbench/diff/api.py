@@ -20,6 +20,9 @@ from workbench.diff.weights import compare_weights, is_checkpoint_tensor
 
 #: the dump metadata key of the matmul precision the values were computed under (workbench.precision)
 META_PRECISION = "workbench.matmul_precision"
+#: the dump metadata key of the token positions the head's tensors (``lm_head``, ``logits``) hold
+#: rows for: ``"all"`` or a JSON list of increasing positions (workbench/trace/logits.py)
+META_LOGITS = "workbench.logit_positions"
 
 
 def _precision_of(used: str | None) -> str:
@@ -56,6 +59,18 @@ class Reference:
     dtypes: dict[str, str] = field(default_factory=dict)  # each op's own dtype before the float32 dump
     #: what its float32 matmuls ran as: "float32", "tf32" (CUDA's default), "n/a (cpu)", "n/a (bfloat16)"
     matmul_precision: str | None = None
+    #: the token positions its head tensors (``lm_head``, ``logits``: :func:`head_ops`) hold rows
+    #: for, a ``range`` or tuple; None: every position (a dump from before logits=, or no ids)
+    logit_positions: range | tuple | None = None
+    #: one line when the default kept fewer than every position (the logits budget), else None
+    logits_note: str | None = None
+
+    @property
+    def positions(self) -> range | tuple | None:
+        """The positions of the head's rows (every one of the ids' when not recorded); None without ids."""
+        if self.logit_positions is not None:
+            return self.logit_positions
+        return range(len(self.ids)) if self.ids else None
 
     def metadata(self) -> dict[str, str]:
         meta = {readers.META_MODEL: self.model or "", readers.META_DTYPE: self.dtype or "float32"}
@@ -65,6 +80,8 @@ class Reference:
         meta["workbench.op_dtypes"] = json.dumps(self.dtypes)
         if self.matmul_precision:
             meta[META_PRECISION] = self.matmul_precision
+        if self.logit_positions is not None:
+            meta[META_LOGITS] = json.dumps(_positions_json(self.logit_positions, len(self.ids or ())))
         return meta
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -91,9 +108,43 @@ class Reference:
             dtypes = {str(k): str(v) for k, v in json.loads(meta.get("workbench.op_dtypes", "{}")).items()}
         except (json.JSONDecodeError, AttributeError):
             inputs, dtypes = {}, {}
+        positions = parse_positions(meta, len(ids) if ids else None, path)
         return cls(values=values, order=order, ids=ids, model=meta.get(readers.META_MODEL) or None,
                    dtype=meta.get(readers.META_DTYPE), inputs=inputs, dtypes=dtypes,
-                   matmul_precision=meta.get(META_PRECISION) or None)
+                   matmul_precision=meta.get(META_PRECISION) or None, logit_positions=positions)
+
+
+def _positions_json(positions, T: int):
+    return "all" if len(positions) == T and T else [int(p) for p in positions]
+
+
+def parse_positions(meta: Mapping, T: int | None, where) -> range | tuple | None:
+    """The positions a dump's ``workbench.logit_positions`` metadata names (None where it has
+    none), or a one-line DumpError: "all" or a list of increasing positions within the ids."""
+    raw = meta.get(META_LOGITS)
+    if raw is None:
+        return None
+    try:
+        v = json.loads(raw)
+    except json.JSONDecodeError:
+        v = None
+    if v == "all" and T:
+        return range(T)
+    ok = (isinstance(v, list) and v and all(type(p) is int and 0 <= p < (T or 2**31) for p in v)
+          and all(a < b for a, b in zip(v, v[1:])))
+    if not ok:
+        raise readers.DumpError(f"{where}: metadata {META_LOGITS} is not 'all' or a list of increasing positions "
+                                f"within the {T or '?'} tokens ({str(raw)[:60]!r})")
+    return range(v[0], v[0] + 1) if len(v) == 1 else tuple(v)
+
+
+def head_ops(order: Sequence[str]) -> list[str]:
+    """The ops that hold the head's rows only (``logits=``): ``lm_head`` and what follows it
+    (``logits``), or ``logits`` alone where the head is no op of its own."""
+    order = list(order)
+    if "lm_head" in order:
+        return order[order.index("lm_head"):]
+    return ["logits"] if "logits" in order else []
 
 
 def is_reference_dump(path: str | os.PathLike) -> bool:
@@ -137,27 +188,42 @@ def _is_module_level(m) -> bool:
     return getattr(m, "granularity", "op") == "module"
 
 
-def _forward(m, token_ids, names, dtype):
-    """(program, {name: lazy value} for ``names``, compute dtype name) of one forward: the op
-    program's own uncaptured executor, or, for a module-level model, its recorded forward
-    (a Trace without capture: the program exists only once the forward is recorded)."""
+def _forward(m, token_ids, names, dtype, logits=None):
+    """(program, {name: lazy value} for ``names``, compute dtype name, the head's rows) of one
+    forward: the op program's own uncaptured executor, or, for a module-level model, its
+    recorded forward (a Trace without capture: the program exists only once the forward is
+    recorded).  ``logits``: the positions the head computes (``trace``'s ``logits=``; None:
+    its default); every tensor of :func:`head_ops` holds those rows."""
     import mlx.core as mx
 
     from workbench.program import execute
+    from workbench.trace.entry import vocab_size
+    from workbench.trace.logits import resolve
 
     ids = mx.array([list(token_ids)], dtype=mx.int32)
     if _is_module_level(m):
-        t = m.module_trace(ids, capture=None, dtype=dtype)
+        t = m.module_trace(ids, capture=None, dtype=dtype, logits=logits)
         t.run()
         wanted = set(t.program.names) if names is None else set(names)
-        return t.program, {n: t.value(n) for n in t.program.names if n in wanted}, dtype_name(t.dtype)
-    ctx = m.context(dtype)
-    keep = set(m.program.names) if names is None else set(names)
-    return m.program, execute(m.program, ctx, m.feeds(ids), keep=keep.__contains__), dtype_name(ctx.dtype)
+        out = {n: t.value(n) for n in t.program.names if n in wanted}
+        program, used, rows = t.program, dtype_name(t.dtype), t.logit_rows
+    else:
+        ctx = m.context(dtype)
+        rows = resolve(logits, len(token_ids), 1, vocab_size(m), ctx.dtype)
+        ctx.logit_rows = rows
+        keep = set(m.program.names) if names is None else set(names)
+        program, used = m.program, dtype_name(ctx.dtype)
+        out = execute(program, ctx, m.feeds(ids), keep=keep.__contains__)
+    if rows is not None and not rows.all:  # (a module's head may run on every row: its rows taken here)
+        for n in head_ops(program.names):
+            v = out.get(n)
+            if v is not None and v.ndim >= 2 and v.shape[-2] == rows.T:
+                out[n] = rows.select(v)
+    return program, out, used, rows
 
 
-def _program_of(m, token_ids, dtype):
-    return _forward(m, token_ids, (), dtype)[0] if _is_module_level(m) else m.program
+def _program_of(m, token_ids, dtype, logits=None):
+    return _forward(m, token_ids, (), dtype, logits)[0] if _is_module_level(m) else m.program
 
 
 def _ids_for(model, prompt: str | None, ids: Sequence[int] | None) -> list[int]:
@@ -180,20 +246,22 @@ def _ids_for(model, prompt: str | None, ids: Sequence[int] | None) -> list[int]:
 
 
 def run_reference(model: Any, prompt: str | None = None, ids: Sequence[int] | None = None,
-                  ops: str | Iterable[str] | None = None, dtype: str | None = None) -> Reference:
+                  ops: str | Iterable[str] | None = None, dtype: str | None = None, logits=None) -> Reference:
     """Run our reference on one input, keeping the ops matching ``ops`` (globs; default all).
 
     This is the program's own uncaptured executor with a keep-set: values not asked for
-    are freed as soon as nothing reads them.
+    are freed as soon as nothing reads them.  ``logits``: the positions the head computes,
+    as ``trace(..., logits=)`` takes them ("all", "last", a slice, a list of positions; None:
+    all unless past the logits budget); ``.logit_positions`` says which the head's tensors hold.
     """
     from workbench.precision import exact_float32
 
     m = _load_model(model, dtype)
     token_ids = _ids_for(m, prompt, ids)
     with exact_float32():  # TF32 off on CUDA for the reference; the user's MLX_ENABLE_TF32 restored after
-        program = _program_of(m, token_ids, dtype)
+        program = _program_of(m, token_ids, dtype, logits)
         names = _select(program, ops)
-        program, out, used = _forward(m, token_ids, names, dtype)
+        program, out, used, rows = _forward(m, token_ids, names, dtype, logits)
         values, dtypes = {}, {}
         for n in names:  # evaluate and convert one op at a time
             v = out.pop(n)
@@ -205,17 +273,19 @@ def run_reference(model: Any, prompt: str | None = None, ids: Sequence[int] | No
     return Reference(values=values, order=list(program.names), ids=token_ids,
                      model=str(path) if path is not None else None, dtype=used,
                      inputs={op.name: tuple(op.inputs) for op in program.ops}, dtypes=dtypes,
-                     matmul_precision=precision)
+                     matmul_precision=precision, logit_positions=rows.positions if rows is not None else None,
+                     logits_note=rows.note if rows is not None else None)
 
 
 def dump(model: Any, out: str | os.PathLike | None = None, prompt: str | None = None,
          ids: Sequence[int] | None = None, ops: str | Iterable[str] | None = None,
-         dtype: str | None = None, keep_values: bool = True) -> Reference:
+         dtype: str | None = None, keep_values: bool = True, logits=None) -> Reference:
     """Run the reference and (when ``out`` is given) write its activations as float32 safetensors.
 
     The file's metadata holds ``workbench.op_order`` (JSON list of every op of the
-    program, in execution order), ``workbench.ids`` (the token ids), ``workbench.model``
-    and ``workbench.dtype``.  An existing ``out`` is replaced only if it is itself a
+    program, in execution order), ``workbench.ids`` (the token ids), ``workbench.model``,
+    ``workbench.dtype`` and ``workbench.logit_positions`` (``"all"`` or the list of positions
+    the ``logits`` and ``lm_head`` tensors hold rows for: ``logits=`` as :func:`run_reference`).  An existing ``out`` is replaced only if it is itself a
     workbench dump (a checkpoint shard given by mistake is never overwritten).
     ``keep_values=False`` (the CLI) streams the file op by op and returns the Reference
     without values: memory stays at the forward's own.
@@ -223,8 +293,8 @@ def dump(model: Any, out: str | os.PathLike | None = None, prompt: str | None = 
     if out is not None and os.path.exists(out) and not is_reference_dump(out):
         raise DiffError(f"{out} exists and is not a workbench dump: not overwriting it")
     if out is not None and not keep_values:
-        return _dump_streaming(model, out, prompt, ids, ops, dtype)
-    ref = run_reference(model, prompt=prompt, ids=ids, ops=ops, dtype=dtype)
+        return _dump_streaming(model, out, prompt, ids, ops, dtype, logits)
+    ref = run_reference(model, prompt=prompt, ids=ids, ops=ops, dtype=dtype, logits=logits)
     if out is not None:
         ref.save(out)
     return ref
@@ -243,7 +313,7 @@ def _select(program, ops) -> list[str]:
     return names
 
 
-def _dump_streaming(model, out, prompt, ids, ops, dtype) -> Reference:
+def _dump_streaming(model, out, prompt, ids, ops, dtype, logits=None) -> Reference:
     """Write the dump op by op: the header from the lazy shapes, then each value as it is
     evaluated, so peak memory is the forward's own live set, not every activation."""
     from workbench.precision import exact_float32
@@ -251,8 +321,8 @@ def _dump_streaming(model, out, prompt, ids, ops, dtype) -> Reference:
     m = _load_model(model, dtype)
     token_ids = _ids_for(m, prompt, ids)
     with exact_float32():  # TF32 off on CUDA for the reference; the user's MLX_ENABLE_TF32 restored after
-        names = _select(_program_of(m, token_ids, dtype), ops)
-        program, lazy, used = _forward(m, token_ids, names, dtype)
+        names = _select(_program_of(m, token_ids, dtype, logits), ops)
+        program, lazy, used, rows = _forward(m, token_ids, names, dtype, logits)
         shapes = {n: tuple(lazy[n].shape) for n in names}
         dtypes = {n: dtype_name(lazy[n].dtype) for n in names}
         path = model if isinstance(model, (str, os.PathLike)) else getattr(m, "path", None)
@@ -260,7 +330,9 @@ def _dump_streaming(model, out, prompt, ids, ops, dtype) -> Reference:
                         model=os.path.abspath(path) if path is not None else None,
                         dtype=used,
                         inputs={op.name: tuple(op.inputs) for op in program.ops}, dtypes=dtypes,
-                        matmul_precision=_precision_of(used))
+                        matmul_precision=_precision_of(used),
+                        logit_positions=rows.positions if rows is not None else None,
+                        logits_note=rows.note if rows is not None else None)
         readers.write_dump_streaming(out, shapes, ref.order, ref.metadata(), lambda n: to_numpy(lazy.pop(n)))
     return ref
 
@@ -300,13 +372,14 @@ def topk_dependents(program) -> dict[str, list[str]]:
 
 
 def local_errors(report: DiffReport, model: Any, aligned: Mapping[str, np.ndarray], ids: Sequence[int],
-                 dtype: str | None = None, dtypes: Mapping[str, str] | None = None) -> int:
+                 dtype: str | None = None, dtypes: Mapping[str, str] | None = None, logit_rows=None) -> int:
     """Fill each op's local error: our op applied to the engine's own (aligned) inputs.
 
     Program inputs (token ids, RoPE offsets, masks) come from our feeds; an op with an
     input the engine did not dump is left without a local error.  Returns how many ops
     got one.  ``dtypes``: our ops' own dtypes, so integer values (expert indices) are fed
-    back as integers.
+    back as integers.  ``logit_rows``: the positions the head's tensors were compared at
+    (a :class:`workbench.trace.logits.LogitRows`; None: every one): the head recomputes those rows.
     """
     import mlx.core as mx
 
@@ -314,6 +387,7 @@ def local_errors(report: DiffReport, model: Any, aligned: Mapping[str, np.ndarra
         return 0
     program = model.program
     ctx = model.context(dtype)
+    ctx.logit_rows = logit_rows
     feeds = model.feeds(mx.array([list(ids)], dtype=mx.int32))
     tol = report.tolerance
     n = 0
@@ -346,7 +420,7 @@ def local_errors(report: DiffReport, model: Any, aligned: Mapping[str, np.ndarra
         pending, pending_bytes = [], 0
 
     for od in report.ops:
-        if not od.compared or od.op not in aligned:
+        if not od.compared or od.op not in aligned or od.op not in program:  # (a module-level dump's names)
             continue
         op = program[od.op]
         args = []
@@ -373,6 +447,130 @@ def local_errors(report: DiffReport, model: Any, aligned: Mapping[str, np.ndarra
     return n
 
 
+def describe(positions, T: int) -> str:
+    """Positions in words ("position 8 (the last) of 9", "positions 0..1 of 9"), a list compacted first."""
+    from workbench.trace.logits import describe as words
+
+    ps = [int(p) for p in positions]
+    if ps and ps == list(range(ps[0], ps[-1] + 1)):
+        return words(range(ps[0], ps[-1] + 1), T)
+    return words(tuple(ps), T)
+
+
+def _rows_of(x: np.ndarray, idx: list[int]) -> np.ndarray:
+    """Rows ``idx`` of a head tensor [..., P, V] (a [V] tensor is one row)."""
+    if x.ndim < 2:
+        return x
+    return np.take(x, np.asarray(idx, dtype=np.int64), axis=-2)
+
+
+def align_logits(values: dict, eng: dict, order: Sequence[str], rules, T: int, ref_positions,
+                 emeta: Mapping, noise: dict | None = None):
+    """Line up the rows of the head's tensors (:func:`head_ops`): ours hold ``ref_positions``
+    of the T tokens, the engine's hold every position (T rows), the last alone (one row), or
+    what its dump's ``workbench.logit_positions`` says.  Where one side's positions contain the
+    other's, both are cut (in place, in ``values``, ``eng`` and ``noise``) to the positions in
+    common; otherwise a one-line DiffError naming both.  Returns (the positions compared,
+    {"compared", "reference", "engine", "T", "ops"}) or (None, None) when no head tensor matched."""
+
+    heads = [n for n in head_ops(order) if n in values]
+    if not heads or not T:
+        return None, None
+    matched, _, _ = match_names(eng.keys(), heads, rules)
+    if not matched:
+        return None, None
+    ref_pos = list(ref_positions) if ref_positions is not None else list(range(T))
+    meta_pos = parse_positions(emeta, T, "the engine's dump") if emeta else None
+    found = []  # (our name, engine name, ours, theirs, the engine's positions)
+    for name in heads:
+        if name not in matched:
+            continue
+        en = matched[name]
+        ours = to_numpy(values[name])
+        if ours.ndim < 2 or ours.shape[-2] != len(ref_pos):
+            raise DiffError(f"the reference's {name} {list(ours.shape)} does not hold a row for each of its "
+                            f"{len(ref_pos)} logit positions ({describe(ref_pos, T)})")
+        V = ours.shape[-1]
+        theirs = to_numpy(eng[en])
+        if theirs.size % V:
+            continue  # not [.., rows, vocab]: the comparison says what its shape is
+        rows = theirs.size // V
+        if meta_pos is not None:
+            if len(meta_pos) != rows:
+                raise DiffError(f"the engine's {en!r} holds {rows} rows, but its dump's {META_LOGITS} names "
+                                f"{len(meta_pos)} positions")
+            eng_pos = list(meta_pos)
+        elif rows == T:
+            eng_pos = list(range(T))
+        elif rows == 1:
+            eng_pos = [T - 1]  # an engine that computed the head for the last position only
+        else:
+            raise DiffError(f"logits: the engine's {en!r} holds {rows} rows of the {T}-token input and its dump "
+                            f"does not say which positions (not all {T}, not the last alone); the reference holds "
+                            f"{describe(ref_pos, T)}: cannot line them up (dump the engine's logits for every "
+                            f"position or the last, or name them in {META_LOGITS} metadata)")
+        if not (set(ref_pos) <= set(eng_pos) or set(eng_pos) <= set(ref_pos)):
+            raise DiffError(f"logits: the engine's {en!r} holds {describe(eng_pos, T)}, the reference "
+                            f"{describe(ref_pos, T)}: neither holds the other's, so they cannot be lined up "
+                            "(run the reference with logits= the engine's positions, or 'all')")
+        found.append((name, en, ours, theirs, eng_pos))
+    if not found:
+        return None, None
+    common = set(ref_pos)
+    for *_, eng_pos in found:
+        common &= set(eng_pos)
+    common = sorted(common)
+    if not common:
+        raise DiffError("logits: the engine's " + " and ".join(f"{en!r} ({describe(p, T)})" for _, en, _, _, p in found)
+                        + " hold no position in common with each other and the reference "
+                          f"({describe(ref_pos, T)})")
+    for name, en, ours, theirs, eng_pos in found:
+        if common != eng_pos:
+            if theirs.ndim < 2:
+                raise DiffError(f"logits: the engine's {en!r} {list(theirs.shape)} has no row axis to take "
+                                f"{describe(common, T)} from")
+            eng[en] = _rows_of(theirs, [eng_pos.index(p) for p in common])
+        if common != ref_pos:
+            idx = [ref_pos.index(p) for p in common]
+            values[name] = _rows_of(ours, idx)
+            if noise is not None and name in noise:
+                noise[name] = _rows_of(to_numpy(noise[name]), idx)
+    engine = {en: describe(p, T) for _, en, _, _, p in found}
+    return common, {"compared": describe(common, T), "positions": common if len(common) < T else "all",
+                    "reference": describe(ref_pos, T), "engine": engine, "T": T,
+                    "ops": [name for name, *_ in found]}
+
+
+def _logit_rows(positions, T: int, vocab: int | None):
+    """The LogitRows the local errors recompute the head for (None: every position)."""
+    from workbench.trace.logits import LogitRows
+
+    if positions is None or len(positions) == T:
+        return None
+    ps = list(positions)
+    return LogitRows(range(ps[0], ps[0] + 1) if len(ps) == 1 else tuple(ps), T, "positions", batch=1, vocab=vocab)
+
+
+def _restrict(ref: Reference, logits, T: int) -> tuple[dict, list[int]]:
+    """A reference dump's values with its head's rows cut to the positions ``logits`` asks for
+    (they must be among the dump's), and those positions."""
+    from workbench.trace.logits import resolve
+
+    have = list(ref.positions or ())
+    if logits is None:
+        return ref.values, have
+    want = list(resolve(logits, T).positions)
+    if not set(want) <= set(have):
+        raise DiffError(f"logits={logits!r}: the reference dump holds logits at {describe(have, T)}, not at "
+                        f"{describe(want, T)}: dump it again with those (or diff against the checkpoint)")
+    values = dict(ref.values)
+    idx = [have.index(p) for p in want]
+    for n in head_ops(ref.order):
+        if n in values:
+            values[n] = _rows_of(to_numpy(values[n]), idx)
+    return values, want
+
+
 def _split_weights(model: Any, eng: dict, rules, op_names) -> dict:
     """Take out of ``eng`` the tensors whose renamed name is a checkpoint tensor, not an op."""
     ops = set(op_names)
@@ -388,7 +586,7 @@ def _split_weights(model: Any, eng: dict, rules, op_names) -> dict:
 
 def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[int] | None = None,
             rules: Any = None, tolerance: Tolerance | dict | None = None, dtype: str | None = None,
-            noise_floor: str | None = None, local: bool = True) -> DiffReport:
+            noise_floor: str | None = None, local: bool = True, logits=None) -> DiffReport:
     """Diff an engine dump against our reference.
 
     ``model``: a checkpoint path, a loaded model, a :class:`Reference`, or the path of a
@@ -400,6 +598,12 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
     multiple of that run's error instead of fixed limits (the reference itself then runs
     in float32 unless ``dtype`` says otherwise).  ``local``: also compute each op's local
     error (our op on the engine's own inputs; needs the model, about one more forward).
+    ``logits``: the positions the head's tensors (``lm_head``, ``logits``) are compared at, as
+    ``trace(..., logits=)`` takes them (None: what the reference holds, its default: all unless
+    past the logits budget); a reference dump's own positions must include them.  An engine's
+    head tensor holds every position (T rows), the last alone (one row), or the positions its
+    dump's ``workbench.logit_positions`` names; the rows both sides hold are compared (the
+    report's ``logits`` says which), and positions that cannot be lined up are a DiffError.
     """
     from workbench.precision import exact_float32
 
@@ -430,8 +634,15 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
                                 "that exists here; pass the checkpoint instead")
             if model.dtype == noise_floor:
                 raise DiffError(f"this reference dump was computed in {noise_floor}, the noise floor's own dtype")
+        T = len(model.ids) if model.ids else 0
+        if logits is not None and not T:
+            raise DiffError(f"logits={logits!r}: the reference dump holds no token ids ({readers.META_IDS}) to "
+                            "place positions in")
+        ref_values, ref_pos = _restrict(model, logits, T) if T else (model.values, None)
+        if noise_floor is not None:
             matched, _, _ = match_names(eng.keys(), [n for n in model.order if n in model.values], rules)
-            noise = run_reference(model.model, ids=model.ids, ops=list(matched) or None, dtype=noise_floor).values
+            noise = run_reference(model.model, ids=model.ids, ops=list(matched) or None, dtype=noise_floor,
+                                  logits=list(ref_pos) if ref_pos else None).values
         aligned: dict = {}
         topk, loaded, weights = None, None, {}
         if model.model and os.path.exists(model.model):
@@ -443,15 +654,19 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
                                 f"for the vocabulary of {model.model} ({vocab})")
             topk = topk_dependents(_program_of(loaded, model.ids, None))
             weights = _split_weights(loaded, eng, rules, model.order)
-        report = compare_arrays(model.values, eng, order=model.order, rules=rules, tolerance=tolerance,
+        ref_values = dict(ref_values)
+        compared, info = align_logits(ref_values, eng, model.order, rules, T, ref_pos, emeta, noise)
+        report = compare_arrays(ref_values, eng, order=model.order, rules=rules, tolerance=tolerance,
                                 inputs=model.inputs, noise=noise, noise_dtype=noise_floor, aligned=aligned,
                                 topk=topk, tokens=len(model.ids) if model.ids else None, empty_ok=bool(weights))
+        report.logits = info
         if weights:
             report.weights = compare_weights(loaded, weights, report.tolerance)
         report.engine_total += len(weights)  # the dump's weights count in its coverage
         if local and loaded is not None and model.ids:
             with exact_float32():
-                local_errors(report, loaded, aligned, model.ids, dtype=model.dtype, dtypes=model.dtypes)
+                local_errors(report, loaded, aligned, model.ids, dtype=model.dtype, dtypes=model.dtypes,
+                             logit_rows=_logit_rows(compared, T, getattr(loaded, "vocab_size", None)))
         _precision_warning(report, model.matmul_precision, emeta)
         return report
     m = _load_model(model, dtype)
@@ -465,21 +680,30 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
     noise = None
     dtypes: dict = {}
     precision = None
+    ref_pos = None
     if matched:
-        ref = run_reference(m, ids=token_ids, ops=list(matched), dtype=dtype)
-        values, dtypes, precision = ref.values, ref.dtypes, ref.matmul_precision
+        ref = run_reference(m, ids=token_ids, ops=list(matched), dtype=dtype, logits=logits)
+        values, dtypes, precision, ref_pos = dict(ref.values), ref.dtypes, ref.matmul_precision, ref.positions
         if noise_floor is not None:
-            noise = run_reference(m, ids=token_ids, ops=list(matched), dtype=noise_floor).values
+            noise = run_reference(m, ids=token_ids, ops=list(matched), dtype=noise_floor,
+                                  logits=list(ref_pos) if ref_pos else None).values
+    elif logits is not None:  # (refused in one line as the run would: nothing else checks it)
+        from workbench.trace.logits import resolve
+
+        resolve(logits, len(token_ids))
     aligned: dict = {}
+    compared, info = align_logits(values, eng, program.names, rules, len(token_ids), ref_pos, emeta, noise)
     report = compare_arrays(values, eng, order=program.names, rules=rules, tolerance=tolerance,
                             inputs={op.name: tuple(op.inputs) for op in program.ops}, noise=noise,
                             noise_dtype=noise_floor, aligned=aligned, topk=topk_dependents(program),
                             tokens=len(token_ids), empty_ok=bool(weights))
+    report.logits = info
     if weights:
         report.weights = compare_weights(m, weights, report.tolerance)
     report.engine_total += len(weights)  # the dump's weights count in its coverage
     if local and matched:
         with exact_float32():
-            local_errors(report, m, aligned, token_ids, dtype=dtype, dtypes=dtypes)
+            local_errors(report, m, aligned, token_ids, dtype=dtype, dtypes=dtypes,
+                         logit_rows=_logit_rows(compared, len(token_ids), getattr(m, "vocab_size", None)))
     _precision_warning(report, precision, emeta)
     return report

@@ -22,6 +22,19 @@ def add_dtype_argument(p) -> None:
                    help="compute dtype of the reference (default: the checkpoint's); values are dumped as float32")
 
 
+def add_logits_argument(p, what: str) -> None:
+    p.add_argument("--logits", default=None, metavar="all|last|START:STOP|P,P,...", help=what)
+
+
+def parse_logits(args):
+    """``--logits`` as ``trace(..., logits=)`` takes it (None when not given); a bad value is one line."""
+    if args.logits is None:
+        return None
+    from workbench.trace.cli import parse_logits as parse  # the one parser, shared with hunt --logits
+
+    return parse(args.logits)
+
+
 def parse_input(args, required: bool = True):
     ids = parse_ids(args.ids) if args.ids is not None else None
     if required and ids is None and args.prompt is None:

@@ -21,6 +21,9 @@ def add_arguments(p) -> None:
     common.add_input_arguments(p)
     p.add_argument("--map", metavar="RULES.json", help="JSON list of [regex, replacement] pairs for engine names")
     common.add_dtype_argument(p)
+    common.add_logits_argument(p, "the positions at which the head's tensors (lm_head, logits) are compared "
+                                  "(default: those both sides hold; against a checkpoint the reference computes all "
+                                  "unless they would pass the logits budget, then last)")
     d = Tolerance()
     p.add_argument("--min-cosine", type=number_arg(-1, 1, what="a cosine similarity"), default=d.min_cosine,
                    help=f"an op diverges below this cosine similarity (default {d.min_cosine})")
@@ -53,6 +56,7 @@ def run(args) -> int:
 
     is_ref = is_reference_dump(args.path)
     ids, prompt = common.parse_input(args, required=not is_ref)
+    logits = common.parse_logits(args)
     for flag, v in (("--min-cosine", args.min_cosine), ("--max-nmse", args.max_nmse), ("--max-abs", args.max_abs),
                     ("--noise-factor", args.noise_factor)):
         if v is not None and not math.isfinite(v):
@@ -68,7 +72,8 @@ def run(args) -> int:
             fsio.check_destination(dest)
     with common.usage_errors():
         report = compare(args.path, args.engine_dump, prompt=prompt, ids=ids, rules=args.map,
-                         tolerance=tol, dtype=args.dtype, noise_floor=args.noise_floor, local=args.local)
+                         tolerance=tol, dtype=args.dtype, noise_floor=args.noise_floor, local=args.local,
+                         logits=logits)
     if report.compared == 0 and report.first_divergence is None and not report.weights:
         hint = ", ".join(f"{n} (closest op: {report.suggestions[n]})" if n in report.suggestions else n
                          for n in report.unmatched_engine[:5])

@@ -137,6 +137,24 @@ class DiffReport:
     #: what each side's float32 matmuls ran as ("float32", "tf32", "n/a (cpu)", ...; None: not recorded)
     precision: dict = field(default_factory=dict)  # {"reference": ..., "engine": ...}
     precision_warning: str | None = None  # one line when one side ran TF32 and the other did not
+    #: the head's rows (``lm_head``, ``logits``) where their positions were lined up (api.align_logits):
+    #: {"compared", "positions", "reference", "engine", "T", "ops"}; None where no head tensor was matched
+    logits: dict | None = None
+
+    @property
+    def logits_partial(self) -> str | None:
+        """The head's tensors compared at fewer than every position, in words ("logits at
+        position 8 (the last) of 9 only; ..."), else None."""
+        lg = self.logits
+        if not lg or lg.get("positions") == "all":
+            return None
+        engine = lg.get("engine") or {}
+        if len(set(engine.values())) == 1:
+            eng = f"the engine {next(iter(engine.values()))}"
+        else:
+            eng = ", ".join(f"the engine's {k!r} {v}" for k, v in engine.items())
+        return (f"{', '.join(lg['ops'])} compared at {lg['compared']} only (the reference holds "
+                f"{lg['reference']}" + (f", {eng}" if eng else "") + ")")
 
     @property
     def first_divergence(self) -> OpDiff | None:
@@ -167,8 +185,9 @@ class DiffReport:
         if c["weights_compared"]:
             parts.append(f"{c['weights_compared']} weight{'s' if c['weights_compared'] != 1 else ''}")
         dropped = f", {c['dropped']} more dropped by the rules" if c["dropped"] else ""
+        partial = self.logits_partial
         return (f"compared {c['compared']} of the engine's {c['engine_tensors']} tensors ({', '.join(parts)}"
-                f"{dropped}); {c['ops_compared']} of our {c['ops']} ops")
+                f"{dropped}); {c['ops_compared']} of our {c['ops']} ops" + (f"; {partial}" if partial else ""))
 
     @property
     def low_coverage(self) -> str | None:
@@ -305,6 +324,7 @@ class DiffReport:
             "dropped": list(self.dropped),
             "matmul_precision": dict(self.precision),
             "precision_warning": self.precision_warning,
+            "logits": self.logits,
         }
 
     def summary(self, max_ops: int = 40) -> str:
