@@ -7,6 +7,7 @@ from typing import Mapping
 import mlx.core as mx
 import numpy as np
 
+from workbench import device_memory
 from workbench.dtypes import dtype_name, parse_dtype
 from workbench.trace.logits import resolve as resolve_logits
 from workbench.trace.step import TraceError
@@ -219,18 +220,6 @@ def trace(model, ids_or_text, capture="stats", dtype=None, breakpoints=None, int
     return tr
 
 
-def available_memory() -> int | None:
-    """Bytes this process may still allocate: MemAvailable (Linux), else None (unknown)."""
-    try:
-        with open("/proc/meminfo", "rb") as f:
-            for line in f.read(65536).splitlines():
-                if line.startswith(b"MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
 def check_attention_memory(program, batch: int, tokens: int, keys: int, dtype, available: int | None = None) -> None:
     """Refuse, before anything runs, a prompt whose explicit attention scores cannot fit:
     one layer's scores and softmax ([B, H, T, S] each, alive together) must take at most
@@ -245,7 +234,7 @@ def check_attention_memory(program, batch: int, tokens: int, keys: int, dtype, a
         tokens = min(tokens, q[1] - q[0])
     itemsize = dtype.size if dtype is not None else 4
     need = 2 * batch * heads * tokens * keys * itemsize
-    avail = available_memory() if available is None else available
+    avail = device_memory.available_memory()[0] if available is None else available
     if avail is not None and need > avail // 2:
         raise TraceError(f"a {tokens}-token prompt needs {need / 2**30:.1f} GiB for one layer's attention scores "
                          f"and softmax ([{batch}, {heads}, {tokens}, {keys}] x 2, {dtype_name(dtype)}); "
