@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from memory import rss_mb
 
 import workbench
 import mlx.core as mx
@@ -201,12 +202,6 @@ def test_planted_breakage_is_found_by_its_stored_name(case, what, name, arg, tmp
 
 
 # ------------------------------------------------------------------ bounded
-def _rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS in /proc/self/status")
 
 
 def test_deepseek_v3_layout_of_a_real_size_checkpoint_allocates_nothing():
@@ -236,9 +231,9 @@ def test_deepseek_v3_layout_of_a_real_size_checkpoint_allocates_nothing():
     sanitized_layout(json.loads((refs.HERE / "deepseek_v3" / "config.json").read_text()), {})  # first-use costs
     gc.collect()
     mx.reset_peak_memory()
-    before = _rss_mb()
+    before = rss_mb()
     lay = sanitized_layout(cfg, stored)
-    assert _rss_mb() - before < 400 and mx.get_peak_memory() < 64 << 20
+    assert rss_mb() - before < 400 and mx.get_peak_memory() < 64 << 20
     assert {(c, t) for c, _, t in lay.repairs} == {("missing-tensor", gone), ("shape-mismatch", odd)}
     assert lay.produced["layers.40.mlp.switch_mlp.up_proj.weight"][0] == (256, 2048, 7168)
     assert lay.produced["layers.9.self_attn.embed_q.weight"][1] == ["model.layers.9.self_attn.kv_b_proj.weight"]

@@ -15,6 +15,7 @@ import math
 import sys
 
 import pytest
+from memory import rss_mb
 
 import workbench  # noqa: F401  (fast BLAS before mlx.core)
 import mlx.core as mx
@@ -270,9 +271,9 @@ def test_sanitize_layout_of_a_real_size_checkpoint_allocates_nothing():
     sanitized_layout(dict(zr.ARCHS["mixtral"]), {})  # first-use costs
     gc.collect()
     mx.reset_peak_memory()
-    before = _rss_mb()
+    before = rss_mb()
     lay = sanitized_layout(cfg, stored)
-    assert _rss_mb() - before < 200 and mx.get_peak_memory() < 64 << 20
+    assert rss_mb() - before < 200 and mx.get_peak_memory() < 64 << 20
     assert lay.error is None and len(lay.consumed) == len(stored) and len(lay.produced) == 56 * 3
     assert lay.produced["layers.3.block_sparse_moe.switch_mlp.down_proj.weight"][0] == (8, 6144, 16384)
 
@@ -391,12 +392,6 @@ def test_unknown_model_type_is_a_warning(clean, tmp_path):
 
 
 # ------------------------------------------------------------------ real-size configs
-def _rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS in /proc/self/status")
 
 
 BIG = {
@@ -422,9 +417,9 @@ def test_real_size_config_builds_without_allocating(name):
     reference_tensors(zr.ARCHS["phi3"])  # nor the first-use costs of mlx
     gc.collect()
     mx.reset_peak_memory()
-    before = _rss_mb()
+    before = rss_mb()
     ref = reference_tensors(cfg, library="mlx_lm")
-    grew = _rss_mb() - before
+    grew = rss_mb() - before
     params = sum(math.prod(t.shape) for t in ref.tensors.values())
     assert params > 31e9
     assert grew < 200, f"building {name}'s tensor list grew RSS by {grew:.0f} MB"

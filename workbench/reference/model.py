@@ -365,15 +365,11 @@ class ReferenceModel(TextCodec):
         """The module whose output the head reads (the decoder body: the parent of the layer
         list, e.g. mlx-lm's ``model``), where logits for some positions cut the hidden state;
         None when the layers sit in the root itself (the head is not separable there)."""
-        for path in LAYER_LISTS:
-            try:
-                v = R.module_at(module, path)
-            except (AttributeError, KeyError, IndexError, TypeError):
-                continue
-            if isinstance(v, (list, tuple)) and v:
-                parent = path.rpartition(".")[0]
-                return R.module_at(module, parent) if parent else None
-        return None
+        found = _layer_list(module)
+        if found is None:
+            return None
+        parent = found[0].rpartition(".")[0]
+        return R.module_at(module, parent) if parent else None
 
     def check_dtype(self, dtype) -> None:
         """Refuse, before running, a compute dtype an MLX kernel this model calls cannot run on
@@ -439,14 +435,22 @@ LAYER_LISTS = ("model.layers", "layers", "language_model.model.layers", "languag
                "model.h", "transformer.h", "transformer.blocks", "backbone.layers")
 
 
-def _layers(model: nn.Module) -> list:
+def _layer_list(model: nn.Module) -> tuple[str, list] | None:
+    """(path, modules) of the first of LAYER_LISTS that holds a non-empty list, or None."""
     for path in LAYER_LISTS:
         try:
             v = R.module_at(model, path)
         except (AttributeError, KeyError, IndexError, TypeError):
             continue
         if isinstance(v, (list, tuple)) and v:
-            return list(v)
+            return path, list(v)
+    return None
+
+
+def _layers(model: nn.Module) -> list:
+    found = _layer_list(model)
+    if found is not None:
+        return found[1]
     best: list = []
     for path, m in model.named_modules():
         if path.split(".")[0] in registry.TOWER_PREFIXES:
