@@ -79,15 +79,44 @@ def print_headroom(rows) -> None:
             _print(f"  {h:10.3g}  {name}")
 
 
-def run(args) -> int:
+def load_with_ids(args, memory_budget=None):
+    """(model, token ids) for a command taking PATH, ``--prompt`` / ``--ids`` and
+    ``--granularity``: ``--ids`` parsed before loading, any failure to open the checkpoint,
+    encode the prompt or an id past the vocabulary one line (UsageError)."""
     import workbench
+    from workbench.device_memory import NotEnoughMemory
     from workbench.errors import UsageError, parse_ids
+
+    ids = parse_ids(args.ids) if args.ids is not None else None
+    try:
+        model = workbench.load(args.path, memory_budget=memory_budget, granularity=args.granularity)
+    except NotEnoughMemory as e:  # (names the checkpoint, the bytes, the memory and a budget that works)
+        raise UsageError(str(e)) from None
+    except Exception as e:  # any failure to open is unusable input, reported in one line
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UsageError(f"cannot load {args.path}: {msg}") from None
+    if ids is None:
+        if getattr(model, "tokenizer", None) is None:
+            why = getattr(getattr(model, "checkpoint", None), "tokenizer_error", None)
+            raise UsageError(f"{args.path}: {why}; pass --ids instead of --prompt" if why else
+                             f"{args.path} has no tokenizer.json: pass --ids instead of --prompt")
+        ids = model.encode(args.prompt)
+        if not ids:
+            raise UsageError("the prompt encodes to no tokens")
+    vocab = getattr(model, "vocab_size", None)
+    if vocab is not None:
+        bad = [i for i in ids if i >= vocab]
+        if bad:
+            raise UsageError(f"token id {bad[0]} is out of range for a vocabulary of {vocab}")
+    return model, ids
+
+
+def run(args) -> int:
+    from workbench.errors import UsageError
     from workbench.dtypes import dtype_name
     from workbench.attention import parse_option
     from workbench.trace.hunt import hunt
     from workbench.trace.step import TraceError
-
-    from workbench.device_memory import NotEnoughMemory
     from workbench.sizes import parse_bytes
 
     try:
@@ -98,28 +127,7 @@ def run(args) -> int:
         return run_crash(args, budget)
     if args.timeout is not None:
         raise UsageError("--timeout bounds the child of --crash: give --crash too")
-    try:
-        model = workbench.load(args.path, memory_budget=budget, granularity=args.granularity)
-    except NotEnoughMemory as e:  # (names the checkpoint, the bytes, the memory and a budget that works)
-        raise UsageError(str(e)) from None
-    except Exception as e:  # any failure to open is unusable input, reported in one line
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UsageError(f"cannot load {args.path}: {msg}") from None
-    if args.prompt is not None:
-        if getattr(model, "tokenizer", None) is None:
-            why = getattr(getattr(model, "checkpoint", None), "tokenizer_error", None)
-            raise UsageError(f"{args.path}: {why}; pass --ids instead of --prompt" if why else
-                             f"{args.path} has no tokenizer.json: pass --ids instead of --prompt")
-        ids = model.encode(args.prompt)
-        if not ids:
-            raise UsageError("the prompt encodes to no tokens")
-    else:
-        ids = parse_ids(args.ids)
-    vocab = getattr(model, "vocab_size", None)
-    if vocab is not None:
-        bad = [i for i in ids if i >= vocab]
-        if bad:
-            raise UsageError(f"token id {bad[0]} is out of range for a vocabulary of {vocab}")
+    model, ids = load_with_ids(args, memory_budget=budget)
     kw = {}
     if args.attention != "fused":
         if getattr(model, "granularity", "op") == "module":

@@ -33,31 +33,17 @@ def add_arguments(p):
 def run(args) -> int:
     import os
 
-    import workbench
-    from workbench.errors import UsageError, parse_ids, printable
+    from workbench.errors import UsageError, printable
     from workbench.trace.cache_check import cache_check
+    from workbench.trace.cli import load_with_ids
     from workbench.trace.step import TraceError
 
     if not os.path.exists(args.path):
         raise UsageError(f"cannot load {args.path}: no such file or directory")
-    ids = parse_ids(args.ids) if args.ids is not None else None  # (a bad --ids before loading)
-    try:
-        model = workbench.load(args.path, granularity=args.granularity)
-    except Exception as e:  # any failure to open is unusable input, reported in one line
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UsageError(f"cannot load {args.path}: {msg}") from None
-    if ids is None:
-        if getattr(model, "tokenizer", None) is None:
-            raise UsageError(f"{args.path} has no tokenizer.json: pass --ids instead of --prompt")
-        ids = model.encode(args.prompt)
+    model, ids = load_with_ids(args)
     if len(ids) < 2:
         raise UsageError(f"cache-check needs at least 2 tokens (prefill T-1, decode 1); "
                          f"{'the prompt encodes to' if args.ids is None else '--ids gives'} {len(ids)}")
-    vocab = getattr(model, "vocab_size", None)
-    if vocab is not None:
-        bad = [i for i in ids if i >= vocab]
-        if bad:
-            raise UsageError(f"token id {bad[0]} is out of range for a vocabulary of {vocab}")
     try:
         result = cache_check(model, ids, dtype=args.dtype)
     except (ValueError, TypeError, KeyError, TraceError) as e:
