@@ -40,10 +40,16 @@ def test_archs_cover_the_issue_list():
 def test_one_registry():
     import workbench.models as M
 
-    ops = {t: m.FAMILY for m in M.FAMILIES.values() for t in m.MODEL_TYPES}
-    assert registry.OP_FAMILIES == ops
+    # one model-type list (registry.OP_FAMILIES): every family it names has a file, every file
+    # is named, and load picks that file for each of its types
+    assert set(registry.OP_FAMILIES.values()) == set(M.FAMILIES)
+    assert all(M.FAMILIES[f].FAMILY == f for f in M.FAMILIES)
+    assert all(M.family_of(t).FAMILY == f for t, f in registry.OP_FAMILIES.items())
+    assert M.FAMILIES["llama"].MODEL_TYPES == ("llama", "mistral", "qwen2")
+    with pytest.raises(ValueError, match="no model type maps to op family 'gemma3n'"):
+        registry.model_types("gemma3n")
     assert A.FAMILIES is registry.TABLE_FAMILIES
-    assert set(ops.items()) <= set(A.FAMILIES.items())
+    assert set(registry.OP_FAMILIES.items()) <= set(A.FAMILIES.items())
     assert A.family_of({"model_type": "qwen2"}) == "llama" == registry.op_family({"model_type": "qwen2"})
     assert A.family_of({"model_type": "phi3"}) is None
     assert A.build_arch(dict(zr.ARCHS["phi3"])).family == "phi3"

@@ -22,15 +22,15 @@ def test_configs_parse_with_the_strict_reader_in_both_forms():
         assert {k: e.shape for k, e in pub.expected.items()} == {k: e.shape for k, e in new.expected.items()}
         assert "global_head_dim" not in rs.config(name, form="transformers")["text_config"]
     e2b = build_arch(rs.config("e2b")).spec
-    assert (e2b["num_hidden_layers"], e2b["hidden_size"], e2b["num_kv_shared_layers"]) == (35, 1536, 20)
-    assert e2b["layer_types"][:5] == ["sliding_attention"] * 4 + ["full_attention"]
-    assert e2b["head_dims"][4] == 512 and e2b["head_dims"][0] == 256 and e2b["kv_heads"][4] == 1
+    assert (e2b.num_hidden_layers, e2b.hidden_size, e2b.num_kv_shared_layers) == (35, 1536, 20)
+    assert e2b.layer_types[:5] == ["sliding_attention"] * 4 + ["full_attention"]
+    assert e2b.head_dims[4] == 512 and e2b.head_dims[0] == 256 and e2b.kv_heads[4] == 1
     moe = build_arch(rs.config("26b-a4b"))
     assert moe.moe == {"num_experts": 128, "top_k": 8, "moe_intermediate_size": 704}
-    assert moe.spec["kv_heads"][5] == 2 and moe.spec["kv_heads"][0] == 8  # k_eq_v full layers: 2 KV heads
+    assert moe.spec.kv_heads[5] == 2 and moe.spec.kv_heads[0] == 8  # k_eq_v full layers: 2 KV heads
     g3 = build_arch(rs.config("gemma3-12b")).spec
-    assert g3["rope"]["full_attention"] == {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0}
-    assert (g3["vocab_size"], g3["layer_types"][5], g3["layer_types"][4]) == (262208, "full_attention",
+    assert g3.rope["full_attention"] == {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0}
+    assert (g3.vocab_size, g3.layer_types[5], g3.layer_types[4]) == (262208, "full_attention",
                                                                              "sliding_attention")
 
 

@@ -17,16 +17,16 @@ import importlib.util
 import re
 from typing import Mapping
 
-#: config model_type (top level, or text_config's for wrappers) -> op-program family
-#: (the MODEL_TYPES of workbench/models/; tests/test_inspect_reference.py checks they agree)
+#: config model_type (top level, or text_config's for wrappers) -> op-program family: the one
+#: list of model types (each family file's MODEL_TYPES is read from it: :func:`model_types`)
 OP_FAMILIES = {
     "gemma4": "gemma4_text", "gemma4_text": "gemma4_text",
     "gemma3": "gemma3_text", "gemma3_text": "gemma3_text",
     "qwen3": "qwen3", "llama": "llama", "mistral": "llama", "qwen2": "llama",
 }
 
-#: config model_type -> family whose expected checkpoint tensors workbench/checkpoint/arch.py
-#: writes out by hand: the op families, and Gemma 3n (mlx-lm reads its per-layer
+#: config model_type -> family whose expected checkpoint tensors are written out by hand (the
+#: family files' ``tensors``, checkpoint/arch.py for Gemma 3n): the op families, and Gemma 3n (mlx-lm reads its per-layer
 #: intermediate sizes, mlx-vlm's model does not).  Every other model type's expected
 #: tensors come from its reference model's parameters (checkpoint/reference_arch.py).
 TABLE_FAMILIES = {**OP_FAMILIES, "gemma3n": "gemma3n", "gemma3n_text": "gemma3n"}
@@ -38,6 +38,14 @@ TOWER_PREFIXES = ("vision_tower", "vision_model", "audio_tower", "embed_vision",
                   "multi_modal_projector", "vision_embedder")
 
 VLM_EXTRA = "pip install 'workbench[vlm]' (mlx-vlm)"
+
+
+def model_types(family: str) -> tuple[str, ...]:
+    """The config model types our op-program ``family`` builds (from :data:`OP_FAMILIES`)."""
+    types = tuple(t for t, f in OP_FAMILIES.items() if f == family)
+    if not types:
+        raise ValueError(f"no model type maps to op family {family!r} (OP_FAMILIES)")
+    return types
 
 
 class MissingExtra(ImportError):

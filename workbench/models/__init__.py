@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import os
 
-from workbench.models import gemma3_text, gemma4_text, llama, qwen3
+from workbench.checkpoint.arch import family_files
 from workbench.dtypes import parse_dtype
 from workbench.models.attention import Programs
 from workbench.models.builder import Builder  # noqa: F401  (re-exported)
 from workbench.models.feeds import KVCache  # noqa: F401  (re-exported)
-from workbench.models.model import Model
+from workbench.models.model import Model, check_checkpoint
 from workbench.models.streaming import StreamedModel
 from workbench.sizes import parse_bytes
 
-FAMILIES = {m.FAMILY: m for m in (llama, qwen3, gemma3_text, gemma4_text)}
+#: family name -> its file (config reader, tensor table, program): workbench/models/<family>.py
+FAMILIES = family_files()
 _BY_MODEL_TYPE = {t: m for m in FAMILIES.values() for t in m.MODEL_TYPES}
 
 
@@ -100,7 +101,8 @@ def load_model(path, dtype=None, granularity="auto", library=None, attention="fu
         return model
     mod = family_of(ck.model_type)
     text_config = dict(ck.text_config)
-    cfg = mod.Config.from_checkpoint(ck)  # config read (arch.KEYS) and every tensor shape checked
+    check_checkpoint(ck)  # config read (the family's KEYS and read) and every tensor shape checked
+    cfg = ck.arch.spec  # the family's Config
     names = list(ck.lm_names())
     programs = Programs(lambda explicit, queries: mod.build(cfg, Builder(ck, names, explicit, queries)),
                         cfg.num_hidden_layers)

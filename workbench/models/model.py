@@ -23,19 +23,6 @@ class CheckpointMismatch(ValueError):
     error, in one line)."""
 
 
-@dataclass
-class BaseConfig:
-    """A family's config: the values :func:`workbench.checkpoint.arch.build_arch` read from
-    config.json (``Arch.spec``).  Which keys a family reads, ignores or refuses is declared
-    there, in ``arch.KEYS[FAMILY]``, so that ``inspect`` and ``load`` read a config alike."""
-
-    @classmethod
-    def from_checkpoint(cls, ck):
-        """The checkpoint's config, after every tensor's shape was checked against it."""
-        check_checkpoint(ck)
-        return cls(**ck.arch.spec)
-
-
 def check_checkpoint(ck) -> None:
     """Refuse a checkpoint before anything is built or run: a config that cannot be read
     (ConfigError naming the key) or tensors that do not match it (CheckpointMismatch with

@@ -14,21 +14,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from workbench.checkpoint import arch
+from workbench import registry
+from workbench.checkpoint import fields as F
+from workbench.models import llama
 from workbench.models.builder import Builder
-from workbench.models.llama import Config as LlamaConfig, build as llama_build, windows  # noqa: F401  (windows: this family's)
+from workbench.models.llama import windows  # noqa: F401  (this family's)
 
 FAMILY = "qwen3"
-MODEL_TYPES = ("qwen3",)
+MODEL_TYPES = registry.model_types(FAMILY)
 #: config.json keys this family reads, knowingly ignores, or reads at given values only
-KEYS = arch.KEYS[FAMILY]
+KEYS = F.Keys(handled=frozenset(F.DENSE_KEYS), only={"hidden_act": ("silu",), "partial_rotary_factor": (1.0,)})
 
 
 @dataclass
-class Config(LlamaConfig):
-    """What the program reads (``Arch.spec``): Llama's fields (``rope_traditional`` stays
-    False); sliding layers (transformers' use_sliding_window / max_window_layers, or
-    layer_types) attend within sliding_window."""
+class Config(llama.Config):
+    """Llama's fields (``rope_traditional`` stays False); sliding layers (transformers'
+    use_sliding_window / max_window_layers, or layer_types) attend within sliding_window."""
+
+
+def read(tc: dict) -> Config:
+    """Llama's reader, with Qwen 3's defaults (rms_norm_eps 1e-6, untied, no rope_theta default)."""
+    return llama.read(tc, FAMILY, Config)
+
+
+def tensors(cfg: Config, a: F.Arch) -> None:
+    """Llama's tensors plus q_norm / k_norm."""
+    llama.tensors(cfg, a, qk_norm=True)
 
 
 def attention(b: Builder, cfg: Config, i: int, h: str, rope: dict) -> str:
@@ -50,4 +61,4 @@ def attention(b: Builder, cfg: Config, i: int, h: str, rope: dict) -> str:
 
 def build(cfg: Config, b: Builder):
     """Llama's program with Qwen3's attention."""
-    return llama_build(cfg, b, attention=attention)
+    return llama.build(cfg, b, attention=attention)

@@ -9,9 +9,9 @@ import mlx.core as mx
 
 
 def rope_params(head_dim: int, rope: Mapping, traditional: bool = False) -> dict:
-    """Arguments for ``mx.fast.rope`` from one normalised rope dict (``Arch.spec["rope"][type]``,
-    see :func:`workbench.checkpoint.arch.read_rope`): rope types default, linear, llama3,
-    yarn and proportional (Gemma 4's partial rotation over the full head dimension), with
+    """Arguments for ``mx.fast.rope`` from one normalised rope dict (a family Config's
+    ``rope[type]``, see :func:`workbench.checkpoint.fields.read_rope`): rope types default,
+    linear, llama3, yarn and proportional (Gemma 4's partial rotation over the full head dimension), with
     transformers' formulas."""
     params = _rope_params(head_dim, rope)
     params["traditional"] = bool(traditional)
