@@ -190,7 +190,7 @@ def test_progress_bar(llama, capsys, monkeypatch):
     t.run()
     err = capsys.readouterr().err
     n = len(segments(m))
-    assert f"segments: {n}/{n} done" in err and err.endswith("\n")
+    assert f"segments: {n}/{n}, done" in err and err.endswith("\n")
     t = workbench.load(llama, memory_budget="64MB", progress=False).trace(IDS)
     t.run()
     assert capsys.readouterr().err == ""

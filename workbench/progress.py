@@ -1,26 +1,24 @@
-"""A progress bar for slow runs (a streamed model reading its layers from disk): an
-ipywidgets bar in a notebook, one rewritten line on stderr in a terminal.
+"""A progress bar for slow runs (a streamed model reading its layers from disk), on
+``tqdm.auto``: a widget bar in a notebook, one rewritten line on stderr in a terminal.
 
-    bar = progress.start(total=35, label="trace", enabled=None)   # None when not shown
-    bar.update(done=5, detail="layers.4")                         # stores the state
+    bar = progress.start(total=35, label="segments", enabled=None)   # None when not shown
+    bar.update(done=5, detail="layers.4")
     bar.close()
 
 ``enabled``: True (always; on stderr when not in a notebook), False (never) or None
 (automatic: in a notebook kernel, or when stderr is a terminal; never under pytest's
-captured stderr).  The bar appears only once a run has taken ``delay`` seconds, so fast
-runs print nothing; the caller updates its state at segment ends (a store, no drawing)
-and a daemon thread redraws it, so the elapsed time moves while a slow layer runs.
+captured stderr).  The bar appears only once a run has taken ``delay`` seconds (tqdm's
+``delay=``), so fast runs print nothing; it is redrawn when the caller updates it (at
+segment ends).
 """
 from __future__ import annotations
 
 import sys
-import threading
-import time
 
 #: seconds a run must have taken before the bar appears
 DELAY = 1.0
-#: seconds between redraws
-_REDRAW = 0.25
+#: what the line shows: "segments: 5/35, layers.4 00:12" (the detail is tqdm's postfix)
+FORMAT = "{desc}: {n_fmt}/{total_fmt}{postfix} {elapsed}"
 
 
 def in_notebook() -> bool:
@@ -46,72 +44,25 @@ def start(total: int, label: str, enabled: bool | None = None, delay: float | No
     """A :class:`Bar` (or None when ``enabled`` rules it out); ``delay`` default :data:`DELAY`."""
     if enabled is False:
         return None
-    notebook = in_notebook()
-    if enabled is None and not (notebook or _stderr_is_tty()):
+    if enabled is None and not (in_notebook() or _stderr_is_tty()):
         return None
-    return Bar(total, label, notebook, DELAY if delay is None else delay)
+    return Bar(total, label, DELAY if delay is None else delay)
 
 
 class Bar:
-    """Redrawn by a small daemon thread (every ``_REDRAW`` seconds once ``delay`` has
-    passed), so the elapsed time moves while one slow layer runs; :meth:`update` only
-    stores the state."""
+    """``update(done, detail)`` with the absolute count done (tqdm counts increments)."""
 
-    def __init__(self, total: int, label: str, notebook: bool, delay: float):
+    def __init__(self, total: int, label: str, delay: float):
+        from tqdm.auto import tqdm
+
         self.total = max(int(total), 1)
-        self.label = label
-        self.notebook = notebook
-        self.delay = delay
-        self.t0 = time.monotonic()
-        self.shown = False
-        self._widgets = None
-        self._done = 0
-        self._detail = ""
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._tick, name="workbench-progress", daemon=True)
-        self._thread.start()
+        self._tqdm = tqdm(total=self.total, desc=label, delay=delay, file=sys.stderr, bar_format=FORMAT,
+                          mininterval=0.25, leave=True)
 
     def update(self, done: int, detail: str = "") -> None:
-        self._done, self._detail = done, detail
-
-    def _tick(self) -> None:
-        if self._stop.wait(self.delay):
-            return
-        while not self._stop.is_set():
-            self._draw()
-            self._stop.wait(_REDRAW)
-
-    def _text(self) -> str:
-        return f"{self.label}: {self._done}/{self.total} {self._detail} {time.monotonic() - self.t0:.1f} s"
-
-    def _draw(self, final: bool = False) -> None:
-        with self._lock:
-            self.shown = True
-            if self.notebook:
-                if self._widgets is None:
-                    import ipywidgets as W
-                    from IPython.display import display
-
-                    self._widgets = (W.IntProgress(min=0, max=self.total), W.Label())
-                    display(W.HBox(list(self._widgets)))
-                bar, text = self._widgets
-                bar.value = min(self._done, self.total)
-                text.value = self._text()
-                if final:
-                    bar.bar_style = "success"
-                return
-            width = 30
-            fill = int(width * min(self._done, self.total) / self.total)
-            sys.stderr.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {self._text()}\x1b[K")
-            if final:
-                sys.stderr.write("\n")
-            sys.stderr.flush()
+        self._tqdm.set_postfix_str(detail, refresh=False)
+        self._tqdm.update(min(int(done), self.total) - self._tqdm.n)
 
     def close(self) -> None:
-        """Stop redrawing; the last state is drawn only if the bar was shown (a fast run
-        prints nothing)."""
-        self._stop.set()
-        self._thread.join()
-        if self.shown:
-            self._draw(final=True)
+        """The last state is drawn only if the bar was shown (a fast run prints nothing)."""
+        self._tqdm.close()
