@@ -37,6 +37,7 @@ import workbench  # noqa: E402  (fast BLAS before mlx.core)
 from workbench import zoo  # noqa: E402
 from workbench.checkpoint import open_checkpoint  # noqa: E402
 from workbench.checkpoint import values as V  # noqa: E402
+from workbench.checkpoint import values_native as N  # noqa: E402
 from workbench.checkpoint.values import CHUNK_BYTES, ChunkReader  # noqa: E402
 
 
@@ -140,7 +141,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     if args.numpy:
-        V.NATIVE = False
+        N.NATIVE = False
     tmp = Path(tempfile.mkdtemp(prefix="bench-inspect-"))
     results = []
 

@@ -322,7 +322,7 @@ def test_figures(demo, tmp_path):
 def test_study_freezes_the_post_attention_norm(demo):
     """The study's "norm frozen" condition: without an ablation it changes nothing; with
     one, the norm's output is weight * o_proj / rms(unablated o_proj), by hand."""
-    from workbench.causal.study import frozen_norm
+    from workbench.demo.study import frozen_norm
 
     ids = mx.array([demo.encode(COPY)])
     o, n = "layers.1.self_attn.o_proj", "layers.1.post_attention_layernorm"

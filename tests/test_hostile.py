@@ -473,13 +473,13 @@ def test_written_files_get_the_usual_mode(tmp_path):
 # ------------------------------------------------------------------ security: native cache
 
 def _compile_in(d):
-    from workbench.checkpoint import values as V
+    from workbench.checkpoint import values_native as V
 
-    return V._compile(str(d))
+    return V.compile_kernels(str(d))
 
 
 def test_native_cache_must_be_private_and_untampered(tmp_path):
-    from workbench.checkpoint import values as V
+    from workbench.checkpoint import values_native as V
 
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler: the native kernels are never built here")
@@ -513,7 +513,7 @@ def test_native_cache_must_be_private_and_untampered(tmp_path):
 
 
 def test_refused_cache_means_no_native_kernels(tmp_path, monkeypatch):
-    from workbench.checkpoint import values as V
+    from workbench.checkpoint import values_native as V
 
     cache = tmp_path / "c"
     cache.mkdir(mode=0o775)

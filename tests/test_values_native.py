@@ -1,4 +1,4 @@
-"""The native --values kernels (workbench.checkpoint.values) against the straightforward
+"""The native --values kernels (workbench.checkpoint.values_native, through values.Stats) against the straightforward
 computation: counts, min / max exact element by element, mean / std to float precision;
 NaN, +Inf, -Inf, all-zero, signed zeros, denormals, far-from-zero data; quantized weights
 against mx.dequantize itself."""
@@ -8,6 +8,7 @@ import pytest
 import workbench
 from workbench import zoo
 from workbench.checkpoint import values as V
+from workbench.checkpoint import values_native as N
 from workbench.checkpoint.quant import QuantSpec
 
 import mlx.core as mx  # noqa: E402  (after workbench)
@@ -86,7 +87,7 @@ def test_float32_native_matches_reference_and_numpy(case, pieces, monkeypatch):
     for part in np.array_split(x, pieces):
         fast.add(part)
     check(fast.to_dict(), want)
-    monkeypatch.setattr(V, "NATIVE", False)
+    monkeypatch.setattr(N, "NATIVE", False)
     slow = V.Stats()
     for part in np.array_split(x, pieces):
         slow.add(part.copy())
@@ -102,7 +103,7 @@ def test_bf16_native_matches_reference_and_numpy(case, monkeypatch):
     for part in np.array_split(u, 4):
         fast.add_bf16(part)
     check(fast.to_dict(), want)
-    monkeypatch.setattr(V, "NATIVE", False)
+    monkeypatch.setattr(N, "NATIVE", False)
     slow = V.Stats()
     for part in np.array_split(u, 4):
         slow.add_bf16(part)
@@ -170,7 +171,7 @@ def test_affine_native_matches_mx_dequantize(sdt, bits, gs, case, scalar, monkey
 def test_inspect_native_equals_fallback(tmp_path, monkeypatch):
     p = zoo.build("llama", tmp_path / "ck", quant="affine4", broken="nonfinite-values")
     fast = {t["name"]: t["stats"] for t in workbench.inspect(p, values=True, progress=False, chunk_bytes=4096).tensors}
-    monkeypatch.setattr(V, "NATIVE", False)
+    monkeypatch.setattr(N, "NATIVE", False)
     slow = {t["name"]: t["stats"] for t in workbench.inspect(p, values=True, progress=False, chunk_bytes=4096).tensors}
     assert fast.keys() == slow.keys() and len(fast) > 20
     for name in fast:

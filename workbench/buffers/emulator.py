@@ -43,7 +43,6 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-import workbench  # noqa: F401  (fast BLAS before mlx.core)
 import mlx.core as mx
 
 from workbench.buffers.analyze import Hazard, analyze

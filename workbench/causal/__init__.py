@@ -16,7 +16,7 @@ Metrics: :func:`logit_diff`, :func:`token_prob`, :func:`next_token_prob`, or any
 ``f(logits [B, T, V]) -> float or [B]``.  Every result is a dataclass of numpy arrays
 and labels with ``to_dict()``; the figures are in :mod:`workbench.plots.causal`.
 Computations run in float32 unless ``dtype=`` says otherwise.  See docs/causal.md;
-``python -m workbench.causal.study`` measures the demo's backup induction heads.
+``python -m workbench.demo.study`` measures the demo's backup induction heads.
 """
 from workbench.causal.ablation import (AblationResult, Site, ablate, ablate_heads, ablation, all_heads, expert, head,
                                        mlp)

@@ -16,4 +16,5 @@ __all__ = ["open_checkpoint", "Checkpoint", "CheckpointError", "TensorInfo", "Qu
 # The inspector is the submodule ``workbench.checkpoint.inspect`` (``inspect()``, ``Report``,
 # ``diff()``); ``workbench.inspect(path, values=False)`` is its entry point. Its parts:
 # checks.py (config against tensors), value_scan.py (``values=True``, statistics from
-# values.py, whose native kernels are values_native.c), render.py (text), compare.py (diff).
+# values.py, whose native kernels values_native.py builds from values_native.c), render.py (text),
+# compare.py (diff).

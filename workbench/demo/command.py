@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import workbench  # noqa: F401  (fast BLAS before mlx.core)
 
 from workbench.errors import UsageError
 

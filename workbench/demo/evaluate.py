@@ -10,8 +10,6 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable
 
-import workbench  # noqa: F401  (fast BLAS before mlx.core)
-
 import mlx.core as mx
 
 from workbench.demo import corpus

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-import workbench  # noqa: F401  (fast BLAS before mlx.core)
-
 import mlx.core as mx
 import numpy as np
 

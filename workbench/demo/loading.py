@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import workbench  # noqa: F401  (fast BLAS before mlx.core)
-
 import mlx.core as mx
 import mlx.nn as nn
 
@@ -46,9 +44,9 @@ class Demo:
         if max_tokens <= 0:
             return []
         if self.model is not None:
-            import workbench
-            g = workbench.generate(self.model, [int(i) for i in ids], max_tokens=max_tokens, capture=None,
-                                   stop=[EOS_ID] if stop_at_eos else None)
+            from workbench.trace.generate import generate
+            g = generate(self.model, [int(i) for i in ids], max_tokens=max_tokens, capture=None,
+                         stop=[EOS_ID] if stop_at_eos else None)
             out = list(g.tokens)
             return out[:out.index(EOS_ID)] if stop_at_eos and EOS_ID in out else out
         seq = mx.array([ids])
@@ -136,9 +134,9 @@ def load_demo(path: str | Path, loader: str = "workbench", dtype: str | None = N
         if dtype is not None:
             model.set_dtype(getattr(mx, dtype))
         return Demo(path=path, config=cfg, tokenizer=tok, forward=model, loader="mlx-lm", _mlx_lm_model=model)
-    import workbench
+    from workbench.models import load
     try:
-        model = workbench.load(path, dtype=dtype)
+        model = load(path, dtype=dtype)
     except (ValueError, OSError) as e:
         raise UsageError(f"{path}: {e}") from None
     return Demo(path=path, config=cfg, tokenizer=tok, forward=model, loader="workbench.load", model=model)

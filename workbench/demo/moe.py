@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import workbench  # noqa: F401  (fast BLAS before mlx.core)
-
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import workbench  # noqa: F401  (fast BLAS before mlx.core)
-
 import mlx.core as mx
 from mlx.utils import tree_flatten
 

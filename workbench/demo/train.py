@@ -22,8 +22,6 @@ import time
 from functools import partial
 from pathlib import Path
 
-import workbench  # noqa: F401  (fast BLAS before mlx.core)
-
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim

@@ -29,13 +29,13 @@ import sys
 import time
 from pathlib import Path
 
-import workbench  # noqa: F401  (fast BLAS before mlx.core)
-
 import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from workbench.demo import corpus
+from workbench.models import load
+from workbench.trace.entry import trace
 
 #: expert variant: config keys added to the dense demo's config, and which experts the
 #: task hint points each task at
@@ -191,7 +191,7 @@ def routing_fractions(model, exs) -> dict[str, np.ndarray]:
     E, L = model.config["num_experts"], model.num_layers
     counts = {t: np.zeros((L, E)) for t in corpus.TASKS}
     for tasks, ids in _batches(model, exs):
-        tr = workbench.trace(model, ids, capture=[f"layers.{i}.router.top_k" for i in range(L)], dtype="float32")
+        tr = trace(model, ids, capture=[f"layers.{i}.router.top_k" for i in range(L)], dtype="float32")
         tr.run()
         for i in range(L):
             k = np.array(tr.value(f"layers.{i}.router.top_k"))[:, 1:]  # [B, T-1, top_k]
@@ -241,7 +241,7 @@ def window_study(model, n_per_task: int = 40) -> dict:
 
     cfg = model.config
     W = cfg["sliding_window"]
-    tr = workbench.trace(model, FAR_RECALL, capture="full", dtype="float32", attention="explicit")
+    tr = trace(model, FAR_RECALL, capture="full", dtype="float32", attention="explicit")
     tr.run()
     T = len(tr.ids[0])
     mass, on_answer = [], []
@@ -274,7 +274,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     out = args.out or {"experts": paths.DEMO_EXPERTS, "kv": paths.DEMO_KV}[args.variant]
     if args.measure:
-        model = workbench.load(out, dtype="float32")
+        model = load(out, dtype="float32")
         res = (expert_study if args.variant == "experts" else window_study)(model, args.n)
         print(json.dumps(res, indent=1))
         return 0

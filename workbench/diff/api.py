@@ -166,13 +166,13 @@ def is_reference_dump(path: str | os.PathLike) -> bool:
 
 def _load_model(model: Any, dtype: str | None):
     if isinstance(model, (str, os.PathLike)):
-        import workbench
         from workbench.checkpoint import CheckpointError
+        from workbench.models import load
 
         if not os.path.exists(model):
             raise DiffError(f"{model}: no such file or directory")
         try:
-            m = workbench.load(model, dtype=dtype)
+            m = load(model, dtype=dtype)
             if not _is_module_level(m):  # engines dump their scores and softmax: the reference has them
                 m.program = m.program_for("explicit")
             return m

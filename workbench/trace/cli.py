@@ -83,13 +83,13 @@ def load_with_ids(args, memory_budget=None):
     """(model, token ids) for a command taking PATH, ``--prompt`` / ``--ids`` and
     ``--granularity``: ``--ids`` parsed before loading, any failure to open the checkpoint,
     encode the prompt or an id past the vocabulary one line (UsageError)."""
-    import workbench
     from workbench.device_memory import NotEnoughMemory
     from workbench.errors import UsageError, parse_ids
+    from workbench.models import load
 
     ids = parse_ids(args.ids) if args.ids is not None else None
     try:
-        model = workbench.load(args.path, memory_budget=memory_budget, granularity=args.granularity)
+        model = load(args.path, memory_budget=memory_budget, granularity=args.granularity)
     except NotEnoughMemory as e:  # (names the checkpoint, the bytes, the memory and a budget that works)
         raise UsageError(str(e)) from None
     except Exception as e:  # any failure to open is unusable input, reported in one line

@@ -497,13 +497,14 @@ def _child(fd: int) -> int:
     except ValueError as e:
         pipe.send(event="error", stage="spec", message=f"unreadable request: {e}")
         return _EXIT_INPUT
-    import workbench  # (first: MLX on a fast BLAS)
     import mlx.core as mx
+
+    from workbench.models import load
 
     pipe.send(event="stage", stage="load")
     try:
-        model = workbench.load(spec["path"], granularity=spec["granularity"], library=spec["library"],
-                               memory_budget=spec["memory_budget"])
+        model = load(spec["path"], granularity=spec["granularity"], library=spec["library"],
+                     memory_budget=spec["memory_budget"])
     except Exception as e:  # noqa: BLE001 - unusable input, in one line
         pipe.send(event="error", stage="load", message=f"cannot load {spec['path']}: {_one_line(e)}")
         return _EXIT_INPUT

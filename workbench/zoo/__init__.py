@@ -23,7 +23,6 @@ from pathlib import Path
 
 import numpy as np
 
-import workbench  # noqa: F401  (fast BLAS before mlx.core)
 from workbench import fsio
 from workbench.checkpoint.arch import build_arch
 from workbench.zoo.broken import BROKEN, break_entries, break_files, break_index

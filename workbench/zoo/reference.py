@@ -19,7 +19,6 @@ import importlib
 import json
 from pathlib import Path
 
-import workbench  # noqa: F401  (fast BLAS before mlx.core)
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map_with_path
 

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 
-import workbench  # noqa: F401  (fast BLAS before mlx.core)
 from workbench import fsio
 
 _ST_DTYPE = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16", np.dtype(np.uint32): "U32",

@@ -1,4 +1,4 @@
-"""The demo's backup heads, measured: ``python -m workbench.causal.study [--n 50] [--json]``.
+"""The demo's backup heads, measured: ``python -m workbench.demo.study [--n 50] [--json]``.
 
 Layer 1 of the demo holds two near-twin induction heads (H0, H1; docs/demo.md).  Knock
 them out and see whether the model still copies, on held-out copy and recall examples:
@@ -24,11 +24,11 @@ from collections import defaultdict
 import mlx.core as mx
 import numpy as np
 
-import workbench
 from workbench.causal.ablation import ablation, head
 from workbench.causal.common import Prompt, logits3, next_token_prob, run
 from workbench.demo import corpus, paths
 from workbench.demo.evaluate import EOS_ID, evaluate
+from workbench.models import load
 from workbench.trace import patch
 
 LAYER = 1
@@ -98,11 +98,11 @@ def measure(model, n: int = 50) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m workbench.causal.study", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m workbench.demo.study", description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=50, help="held-out examples per task")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    res = measure(workbench.load(paths.DEMO), args.n)
+    res = measure(load(paths.DEMO), args.n)
     if args.json:
         print(json.dumps(res, indent=1))
         return 0
