@@ -122,6 +122,23 @@ def test_no_module_imports_the_top_package():
     assert not bad, "upward arrows to the top package:\n" + "\n".join(bad)
 
 
+#: the packages built on the library (docs/design.md, layers 6 and 7): the library imports none
+FRONTS = ("workbench.demo", "workbench.zoo", "workbench.exercises", "workbench.notebook", "workbench.widgets",
+          "workbench.lab", CLI)
+
+
+def _in(m: str, packages) -> bool:
+    return any(m == p or m.startswith(p + ".") for p in packages)
+
+
+def test_no_library_module_imports_a_front():
+    # e.g. causal/ measuring the demo: the study lives in demo/, which imports causal
+    assert _in("workbench.demo.study", FRONTS) and not _in("workbench.causal", FRONTS)
+    bad = [f"{m} imports {t} (line {GRAPH[m][t][0][1]})" for m in MODULES if m != TOP and not _in(m, FRONTS)
+           for t in _edges(m) if _in(t, FRONTS)]
+    assert not bad, "\n".join(bad)
+
+
 def test_no_library_module_imports_the_cli():
     bad = [f"{m} imports {CLI} (line {ln})" for m in MODULES if m != CLI
            for n, ln in GRAPH[m].get(CLI, [])]
