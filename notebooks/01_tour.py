@@ -175,42 +175,53 @@ print(hunt(model, prompt, dtype="float16"))
 # %% [markdown]
 # ## Exercises: predict, then check
 #
-# Write your prediction in `answer`, run the cell, and only then open the solution below it.
-# `check` (from `workbench.notebook`) says *right*, or what to look at when it is not.
-#
+# Write your answer in `answer` (or the function's body) and run the cell. `check` says
+# *right*, *partly right* (and how much), or what to look at for the mistake you made; it
+# never shows the answer. The "implement" exercises run your function on this model's real
+# values and compare with the op's output. When you are done, or stuck, `solution("01.1")`
+# in a cell of your own prints a worked solution (no cell of this notebook does).
+
+# %%
+from workbench.exercises import check, solution
+
+# %% [markdown]
 # **1.** Give the model one word less: `apple river stone cloud tree | apple river`. Which
 # token will it predict next?
 
 # %%
-from workbench.notebook import check
 answer = None  # your prediction, a token with its leading space, e.g. " apple"
-check(answer, " stone", why="the copy task repeats the list: which word followed 'river' the first time?")
-
-# %% tags=["solution"] jupyter={"outputs_hidden": true, "source_hidden": true}
-t1 = workbench.trace(model, "apple river stone cloud tree | apple river", capture=None)
-t1.run()
-predicted = model.decode([int(mx.argmax(t1.logits[-1]).item())])
-print(repr(predicted))
-check(predicted, " stone")
+check("01.1", answer)
 
 # %% [markdown]
-# **2.** What is the shape of `layers.2.self_attn.softmax` in the trace `tr` above, as a
-# tuple (batch, heads, query token, key token)?
+# **2.** Trace the shorter prompt `apple river stone | apple`. What is the shape of
+# `layers.2.self_attn.softmax`, as a tuple (batch, heads, query token, key token)?
 
 # %%
 answer = None  # your prediction: a tuple of four numbers
-check(answer, (1, 4, 10, 10), why="count the tokens printed above (with <bos>) and look at num_attention_heads")
+check("01.2", answer)
 
-# %% tags=["solution"] jupyter={"outputs_hidden": true, "source_hidden": true}
-shape = tuple(tr.value("layers.2.self_attn.softmax").shape)
-print(shape, "| tokens:", len(tokens), "| heads:", cfg["num_attention_heads"])
-check(shape, (1, 4, 10, 10))
+# %% [markdown]
+# **3. Implement it.** Write the attention softmax: `scores` is one layer's
+# `self_attn.scores` for our sequence, `[heads, query, key]`, with the future masked by a
+# huge negative number. Return the weights, the same shape, each query's row summing to 1.
+# `check` runs it on layer 2's real scores and compares with `layers.2.self_attn.softmax`.
 
-# %% [markdown] tags=["solution"] jupyter={"source_hidden": true}
-# *Solutions.* 1: ` stone`, the word after `river` in the first half (the same induction
-# head does it). 2: one sequence, 4 heads, and a 10 × 10 grid: every one of the 10 tokens
-# (`<bos>` included) is a query and a key; the entries above the diagonal are the future,
-# masked to 0.
+# %%
+def softmax(scores):
+    return None  # your code
+
+check("01.3", softmax)
+
+# %% [markdown]
+# **4. Implement it.** From one position's logits (a vector of `vocab_size` scores), return
+# the ids of the `k` most likely next tokens, most likely first. `check` runs it on the last
+# position of `apple river stone cloud tree | apple`.
+
+# %%
+def top_tokens(logits, k):
+    return None  # your code
+
+check("01.4", top_tokens)
 
 # %% [markdown]
 # ## Next

@@ -124,7 +124,6 @@ for label, r in [("missing", missing), ("misnamed", misnamed)]:
     for p in r.problems:
         print(f"  {p.code:18s} {p.tensor}\n  {'':18s} suggestion: {p.suggestion}")
 
-
 # %% [markdown]
 # The difference is in the problem list:
 #
@@ -218,25 +217,22 @@ print("exit status", status)
 # %% [markdown]
 # ## Exercises: predict, then check
 #
-# Write your prediction in `answer`, run the cell, and only then open the solution below it.
-# `check` (from `workbench.notebook`) says *right*, or what to look at when it is not.
-#
-# **1.** A converter renames `layers.0.self_attn.k_proj.weight` to `...k_prj.weight`. Which
-# problem codes will `inspect` report (a sorted list)?
+# Write your answer in `answer` (or the function's body) and run the cell. `check` says
+# *right*, *partly right* (and how much), or what to look at for the mistake you made; it
+# never shows the answer. The "implement" exercises run your function on this model's real
+# values and compare with the op's output. When you are done, or stuck, `solution("02.1")`
+# in a cell of your own prints a worked solution (no cell of this notebook does).
 
 # %%
-from workbench.notebook import check, planted
-answer = None  # your prediction, e.g. ["missing-tensor"]
-check(answer, ["missing-tensor", "unexpected-tensor"], why="nothing was lost: which two findings does a rename leave?")
+from workbench.exercises import check, solution
 
-# %% tags=["solution"] jupyter={"outputs_hidden": true, "source_hidden": true}
-def rename_k(ts):
-    k = next(k for k in ts if k.endswith("layers.0.self_attn.k_proj.weight"))
-    ts[k.replace("k_proj", "k_prj")] = ts.pop(k)
-renamed = workbench.inspect(planted(clean, work / "renamed", rename_k))
-codes = sorted(p.code for p in renamed.problems)
-print(codes, diagnosis(renamed))
-check(codes, ["missing-tensor", "unexpected-tensor"])
+# %% [markdown]
+# **1.** A converter renames `layers.0.self_attn.k_proj.weight` to `...k_prj.weight`. Which
+# problem codes will `inspect` report (a list)?
+
+# %%
+answer = None  # your prediction, e.g. ["missing-tensor"]
+check("02.1", answer)
 
 # %% [markdown]
 # **2.** Inspect the poisoned copy from above *without* `values=True`. Is `report.ok` True
@@ -244,18 +240,28 @@ check(codes, ["missing-tensor", "unexpected-tensor"])
 
 # %%
 answer = None  # your prediction: True or False
-check(answer, True, why="without values=True the inspector reads names, shapes and dtypes only")
+check("02.2", answer)
 
-# %% tags=["solution"] jupyter={"outputs_hidden": true, "source_hidden": true}
-names_only = workbench.inspect(work / "poisoned")
-print("ok:", names_only.ok, "| problems:", names_only.problems)
-check(names_only.ok, True)
+# %% [markdown]
+# **3. Implement it.** Given the names a config requires and the names a checkpoint stores,
+# return `(missing, unexpected)`: the two lists of names `inspect` reports. `check` runs it on
+# the clean checkpoint's names and a renamed copy's, against `inspect`'s findings.
 
-# %% [markdown] tags=["solution"] jupyter={"source_hidden": true}
-# *Solutions.* 1: a `missing-tensor` (the expected name) and an `unexpected-tensor` (the new
-# one), each the other's suggestion: `diagnosis` calls it MISNAMED. 2: True — the names,
-# shapes and dtypes are all right, so a NaN in the numbers is invisible until `values=True`
-# reads them. Check values once per downloaded or converted checkpoint.
+# %%
+def missing_and_unexpected(required, stored):
+    return None  # your code
+
+check("02.3", missing_and_unexpected)
+
+# %% [markdown]
+# **4. Implement it.** Count a tensor's non-finite values: return `(NaN, +inf, -inf)`.
+# `check` runs it on the poisoned tensor that `inspect(..., values=True)` flags.
+
+# %%
+def count_nonfinite(x):
+    return None  # your code
+
+check("02.4", count_nonfinite)
 
 # %% [markdown]
 # **What to remember.** "Missing weights" is a claim to check, not a fact: compare the

@@ -142,7 +142,8 @@ print("future is zero:", float(np.triu(p, k=1).max()) == 0.0)
 
 # %%
 for i, kind in enumerate(cfg["layer_types"]):
-    print(i, kind, "q_rope", tr.step_info(f"layers.{i}.self_attn.q_rope").output_shape)
+    print(i, kind)
+print("head_dim (sliding layers):", cfg["head_dim"], "| global_head_dim (full attention):", cfg["global_head_dim"])
 
 # %% [markdown]
 # ### Heads with a job
@@ -309,35 +310,27 @@ P.patching_heatmap(patched)
 # %% [markdown]
 # Layer 1's heads carry the difference, each a part of it: no single head is the whole
 # circuit, which is what the backup behaviour above predicts.
-#
+
+# %% [markdown]
 # ## Exercises: predict, then check
 #
-# Write your prediction in `answer`, run the cell, and only then open the solution below it.
-# `check` says *right* or what to look at.
-#
+# Write your answer in `answer` (or the function's body) and run the cell. `check` says
+# *right*, *partly right* (and how much), or what to look at for the mistake you made; it
+# never shows the answer. The "implement" exercises run your function on this model's real
+# values and compare with the op's output. When you are done, or stuck, `solution("03.1")`
+# in a cell of your own prints a worked solution (no cell of this notebook does).
+
+# %%
+from workbench.exercises import check, solution
+
+# %% [markdown]
 # **1.** Mean ablation replaces both induction heads' outputs with their average over 100
 # held-out demo prompts (`corpus.heldout(50)`: 50 per task) instead of zero. Will p(' cloud')
 # be **higher** or **lower** than with zero ablation (0.99 above)?
 
 # %%
-from workbench.notebook import check
 answer = None  # your prediction: "higher" or "lower"
-check(answer, "lower", why="a mean is not 'no message': it is a fixed message, written at every position")
-
-# %% tags=["solution"] jupyter={"outputs_hidden": true, "source_hidden": true}
-from workbench.demo import corpus
-reference = [e.prompt for e in corpus.heldout(50)]
-mean = C.ablate(model, prompt, [pairs], mode="mean", reference=reference)
-print(f"zero L1H0+L1H1: {zero.values[1]:.3f} | mean L1H0+L1H1: {mean.values[0]:.3f}")
-check("lower" if mean.values[0] < zero.values[1] else "higher", "lower")
-
-# %% [markdown] tags=["solution"] jupyter={"source_hidden": true}
-# *Solution 1.* Lower — far lower (about 0.06). The heads' mean output is not silence but
-# a typical message, the same at every position, telling the later layers "the word to copy
-# is the average word", and the norm cannot rescale it away as it rescales a zero. Zeroing
-# lets the backup head take over; mean ablation overrides it. Which ablation is right
-# depends on the question; seeing both is the lesson (docs/causal.md measures both on 100
-# held-out prompts).
+check("03.1", answer)
 
 # %% [markdown]
 # **2.** Which op of layer 1 (a name starting with `layers.1.`) has the largest `absmax`
@@ -345,37 +338,38 @@ check("lower" if mean.values[0] < zero.values[1] else "higher", "lower")
 
 # %%
 answer = None  # your prediction: an op name, e.g. "layers.1.self_attn.q_proj"
-check(answer, "layers.1.mlp.down_proj", why="compare tr.stats(name)['absmax'] of the layer's ops: which are not normed?")
-
-# %% tags=["solution"] jupyter={"outputs_hidden": true, "source_hidden": true}
-absmax = {n: tr.stats(n)["absmax"] for n in model.program.names if n.startswith("layers.1.")}
-largest = max(absmax, key=absmax.get)
-print(largest, f"{absmax[largest]:.1f}")
-check(largest, "layers.1.mlp.down_proj")
-
-# %% [markdown] tags=["solution"] jupyter={"source_hidden": true}
-# *Solution 2.* `layers.1.mlp.down_proj`: the MLP's raw output, before
-# `post_feedforward_layernorm` brings it back to the stream's scale. Outputs that come out
-# of a norm stay near the norm's weights; the widened-and-narrowed MLP output does not.
+check("03.2", answer)
 
 # %% [markdown]
 # **3.** Predict the shape of `layers.3.self_attn.q_rope` (the full-attention layer), as a
-# tuple (batch, heads, tokens, head dimension).
+# tuple (batch, heads, tokens, head dimension). The config (`cfg`) has what you need.
 
 # %%
 answer = None  # your prediction: a tuple
-check(answer, (1, 4, 10, 64), why="layers.3 is the full-attention layer: look at the table of layer kinds in section 3")
+check("03.3", answer)
 
-# %% tags=["solution"] jupyter={"outputs_hidden": true, "source_hidden": true}
-shape = tuple(tr.step_info("layers.3.self_attn.q_rope").output_shape)
-print(shape)
-check(shape, (1, 4, 10, 64))
-print("heads", cfg["num_attention_heads"], "| tokens", len(ids), "| global_head_dim", cfg["global_head_dim"])
+# %% [markdown]
+# **4. Implement it.** Write the MLP's gated activation: from `gate` and `up` (each
+# `[tokens, intermediate_size]`), return what `layers.1.mlp.act` holds. Gemma's activation is
+# GELU in its tanh approximation. `check` runs it on layer 1's real `gate_proj` and `up_proj`.
 
-# %% [markdown] tags=["solution"] jupyter={"source_hidden": true}
-# *Solution 3.* One sequence, one row per head, one per token (`<bos>` and the prompt's 9
-# tokens), and the full-attention layer's own head size, `global_head_dim`, twice the
-# sliding layers' `head_dim`.
+# %%
+def mlp_act(gate, up):
+    return None  # your code
+
+check("03.4", mlp_act)
+
+# %% [markdown]
+# **5. Implement it.** Write attention's weighted sum: `p` is a layer's softmax,
+# `[heads, query, key]`, and `v` its values, `[key/value heads, key, head_dim]` (4 query heads
+# share 2 key/value heads). Return the context, `[tokens, heads x head_dim]`, the heads side
+# by side. `check` compares with `layers.1.self_attn.context`.
+
+# %%
+def attend(p, v):
+    return None  # your code
+
+check("03.5", attend)
 
 # %% [markdown]
 # **What to remember.** A transformer is a residual stream that layers read from and add

@@ -138,7 +138,6 @@ dbg = StepDebugger(workbench.trace(loud, prompt, capture="full", dtype="float16"
 dbg.next_nonfinite()
 dbg
 
-
 # %% [markdown]
 # ## Case 2 · a poisoned weight
 #
@@ -207,22 +206,22 @@ print("exit status", status)
 # %% [markdown]
 # ## Exercises: predict, then check
 #
-# Write your prediction in `answer`, run the cell, and only then open the solution below it.
-# `check` (from `workbench.notebook`) says *right*, or what to look at when it is not.
-#
+# Write your answer in `answer` (or the function's body) and run the cell. `check` says
+# *right*, *partly right* (and how much), or what to look at for the mistake you made; it
+# never shows the answer. The "implement" exercises run your function on this model's real
+# values and compare with the op's output. When you are done, or stuck, `solution("04.1")`
+# in a cell of your own prints a worked solution (no cell of this notebook does).
+
+# %%
+from workbench.exercises import check, solution
+
+# %% [markdown]
 # **1.** Hunt the *poisoned* model (NaN in `layers.2.mlp.down_proj.weight`) in float16
 # instead of float32. Which op and which cause will the hunt give?
 
 # %%
-from workbench.notebook import check
 answer = None  # your prediction: (op name, cause), e.g. ("layers.1.mlp.act", "overflow")
-check(answer, ("layers.2.mlp.down_proj", "nonfinite-weight"),
-      why="float16 only changes the range: is anything before the poisoned weight near 65504?")
-
-# %% tags=["solution"] jupyter={"outputs_hidden": true, "source_hidden": true}
-f16 = hunt(bad, prompt, dtype="float16").finding
-print(f16.op, "|", f16.cause)
-check((f16.op, f16.cause), ("layers.2.mlp.down_proj", "nonfinite-weight"))
+check("04.1", answer)
 
 # %% [markdown]
 # **2.** In "How NaN spreads", one NaN went into token 3, channel 0 of `layers.0`. How many
@@ -231,12 +230,7 @@ check((f16.op, f16.cause), ("layers.2.mlp.down_proj", "nonfinite-weight"))
 
 # %%
 answer = None  # your prediction: a number
-check(answer, 128, why="the norm divides each token's vector by that token's RMS: which tokens, how many channels?")
-
-# %% tags=["solution"] jupyter={"outputs_hidden": true, "source_hidden": true}
-n_nan = t.stats("layers.1.input_layernorm")["nan"]
-print(n_nan, "NaN; hidden_size", model.config["hidden_size"])
-check(n_nan, 128)
+check("04.2", answer)
 
 # %% [markdown]
 # **3.** Inject `+inf` instead of NaN at the same place. How many NaN does
@@ -244,22 +238,29 @@ check(n_nan, 128)
 
 # %%
 answer = None  # your prediction: a number
-check(answer, 1, why="the RMS of a vector holding inf is inf: what is inf / inf, and what is 2.5 / inf?")
+check("04.3", answer)
 
-# %% tags=["solution"] jupyter={"outputs_hidden": true, "source_hidden": true}
-t_inf = workbench.trace(model, prompt, capture="stats", interventions=[inject("layers.0", float("inf"), index=(0, 3, 0))])
-t_inf.run()
-s_inf = t_inf.stats("layers.1.input_layernorm")
-print("NaN", s_inf["nan"], "| +inf", s_inf["posinf"], "| exact zeros", f"{s_inf['zero_frac']:.3f}")
-check(s_inf["nan"], 1)
+# %% [markdown]
+# **4. Implement it.** Write the RMS norm, `x` being `[tokens, hidden_size]`. `check` runs it
+# on the input of `layers.1.input_layernorm` *with the `+inf` of exercise 3 in it*, and
+# compares NaN for NaN: your norm must spread a non-finite value exactly as the model's does.
 
-# %% [markdown] tags=["solution"] jupyter={"source_hidden": true}
-# *Solutions.* 1: the same op, `nonfinite-weight`: nothing before it comes near float16's
-# limit, and the hunt checks an op's weights before it blames the arithmetic. 2: 128, one
-# token's whole vector (the model's width): the NaN makes that token's RMS NaN, and every
-# channel is divided by it. 3: just 1. The RMS is now +inf: channel 0 becomes inf / inf = NaN,
-# every other channel of token 3 finite / inf = 0. Same place, different symptom — the
-# counts and kinds of non-finite values are evidence, not noise.
+# %%
+def rms_norm(x, weight, eps):
+    return None  # your code
+
+check("04.4", rms_norm)
+
+# %% [markdown]
+# **5. Implement it.** Given the op names in execution order and a dict name -> value, return
+# the first op whose value holds a NaN or an infinity (what `tr.first_nonfinite()` finds).
+# `check` runs it on a trace with `+inf` injected into `layers.1.mlp.act`.
+
+# %%
+def first_nonfinite(names, values):
+    return None  # your code
+
+check("04.5", first_nonfinite)
 
 # %% [markdown]
 # **What to remember.** Look for the first non-finite op, not the last; ask whether it is the

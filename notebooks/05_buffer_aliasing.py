@@ -190,21 +190,22 @@ for h in analyze(tiny):
 # %% [markdown]
 # ## Exercises: predict, then check
 #
-# Write your prediction in `answer`, run the cell, and only then open the solution below it.
-# `check` (from `workbench.notebook`) says *right*, or what to look at when it is not.
-#
+# Write your answer in `answer` (or the function's body) and run the cell. `check` says
+# *right*, *partly right* (and how much), or what to look at for the mistake you made; it
+# never shows the answer. The "implement" exercises run your function on this model's real
+# values and compare with the op's output. When you are done, or stuck, `solution("05.1")`
+# in a cell of your own prints a worked solution (no cell of this notebook does).
+
+# %%
+from workbench.exercises import check, solution
+
+# %% [markdown]
 # **1.** In the three-event schedule above, move the `commit` to the end (after `late_add`).
 # How many hazards will the analyzer report?
 
 # %%
-from workbench.notebook import check
 answer = None  # your prediction: a number
-check(answer, 0, why="late_add reads y after norm wrote it, and writes x after norm's read: what is left to go wrong?")
-
-# %% tags=["solution"] jupyter={"outputs_hidden": true, "source_hidden": true}
-moved = dict(tiny, events=[tiny["events"][0], tiny["events"][2], tiny["events"][1]])
-print([e["type"] for e in moved["events"]], analyze(moved))
-check(len(analyze(moved)), 0)
+check("05.1", answer)
 
 # %% [markdown]
 # **2.** Write layer 1's `attn_residual` (`layers.0` + attention) in place, over `layers.0`
@@ -213,19 +214,29 @@ check(len(analyze(moved)), 0)
 
 # %%
 answer = None  # your prediction, e.g. (1, False)
-check(answer, (0, True), why="an add is element-wise: does any output element need an input element already overwritten?")
+check("05.2", answer)
 
-# %% tags=["solution"] jupyter={"outputs_hidden": true, "source_hidden": true}
-inplace = emu.run(plan.place("layers.1.attn_residual", like="layers.0"))
-print(inplace.summary())
-check((len(inplace.hazards), inplace.exact), (0, True))
+# %% [markdown]
+# **3. Implement it.** Two accesses `{"buffer", "offset", "size"}` (as in a schedule's
+# `reads` and `writes`): do their bytes overlap? `check` runs it on every write and the next
+# dispatch's accesses in the broken schedule above, and on ranges that only touch.
 
-# %% [markdown] tags=["solution"] jupyter={"source_hidden": true}
-# *Solutions.* 1: none — every read finds the value it expects and the dispatch is recorded
-# before the commit. 2: none, and exact. The add is element-wise and its kernel declares
-# that pair safe in place, and `layers.0` has no reader after it; the same buffer trick that
-# broke `o_proj` (a matrix multiply: each output reads a whole input row) is a correct
-# memory saving here.
+# %%
+def overlaps(a, b):
+    return None  # your code
+
+check("05.3", overlaps)
+
+# %% [markdown]
+# **4. Implement it.** Given a schedule's `events`, return the names of the dispatches
+# encoded into a command buffer already committed (what the analyzer calls `cb-reuse`).
+# `check` runs it on the three-event schedule and two variants with a second command buffer.
+
+# %%
+def late_dispatches(events):
+    return None  # your code
+
+check("05.4", late_dispatches)
 
 # %% [markdown]
 # **What to remember.** Buffer reuse bugs give plausible-looking wrong numbers, far from

@@ -50,7 +50,6 @@ prompt = "apple river stone cloud tree | apple river stone"
 ids = model.encode(prompt)
 print(len(ids), "tokens:", ids)
 
-
 # %% [markdown]
 # ## A ported engine with a classic bug
 #
@@ -205,30 +204,22 @@ print("exit status", status)
 # %% [markdown]
 # ## Exercises: predict, then check
 #
-# Write your prediction in `answer`, run the cell, and only then open the solution below it.
-# `check` (from `workbench.notebook`) says *right*, or what to look at when it is not.
-#
+# Write your answer in `answer` (or the function's body) and run the cell. `check` says
+# *right*, *partly right* (and how much), or what to look at for the mistake you made; it
+# never shows the answer. The "implement" exercises run your function on this model's real
+# values and compare with the op's output. When you are done, or stuck, `solution("06.1")`
+# in a cell of your own prints a worked solution (no cell of this notebook does).
+
+# %%
+from workbench.exercises import check, solution
+
+# %% [markdown]
 # **1.** A subtler engine: only *layer 2's* activation uses SiLU, every other layer is right.
 # Does the diff with the default tolerance find a divergence? (True or False)
 
 # %%
-from workbench.notebook import check
 answer = None  # your prediction: True or False
-check(answer, False, why="one layer's error, how large against the default NMSE <= 0.01? The error curve above helps")
-
-# %% tags=["solution"] jupyter={"outputs_hidden": true, "source_hidden": true}
-def run_engine_one_bad(bad_op):
-    ops = [dataclasses.replace(op, fn=lambda ctx, gate, up: nn.silu(gate) * up) if op.name == bad_op else op
-           for op in model.program.ops]
-    vals = execute(Program(ops, model.program.inputs), model.context("bfloat16"),
-                   model.feeds(mx.array([ids])), keep=lambda n: True)
-    return {k: np.array(v.astype(mx.float32))[0] for k, v in vals.items() if k in model.program.names}
-
-one_bad = run_engine_one_bad("layers.2.mlp.act")
-write_dump(one_bad, work / "engine_one_bad.npz")
-loose = compare(model, work / "engine_one_bad.npz", ids=ids, rules=rules, dtype="float32")
-print("first divergence:", loose.first_divergence, "| next token:", repr(model.decode([int(one_bad["logits"][-1].argmax())])))
-check(loose.first_divergence is not None, False)
+check("06.1", answer)
 
 # %% [markdown]
 # **2.** The same engine, compared with `noise_floor="bfloat16"`. Which op is the first
@@ -236,19 +227,26 @@ check(loose.first_divergence is not None, False)
 
 # %%
 answer = None  # your prediction: an op name
-check(answer, "layers.2.mlp.act", why="the noise floor holds each op to 10x the error of a correct bfloat16 run")
+check("06.2", answer)
 
-# %% tags=["solution"] jupyter={"outputs_hidden": true, "source_hidden": true}
-tight = compare(model, work / "engine_one_bad.npz", ids=ids, rules=rules, noise_floor="bfloat16")
-print("first divergence with a noise floor:", tight.first_divergence.op)
-check(tight.first_divergence.op, "layers.2.mlp.act")
+# %% [markdown]
+# **3. Implement it.** The diff's NMSE (normalised mean squared error) between a reference
+# tensor and an engine's. `check` runs it on a few ops' values against the diff's own numbers.
 
-# %% [markdown] tags=["solution"] jupyter={"source_hidden": true}
-# *Solutions.* 1: False — one wrong activation moves that op's NMSE less than the default
-# 0.01, and the model even still answers ` cloud`: a plausible engine with a real bug. 2:
-# `layers.2.mlp.act`, exactly the wrong op: measured against the error a correct bfloat16
-# run makes at each op, its departure is far beyond the noise. When the answer looks right
-# but you doubt the engine, compare with a noise floor.
+# %%
+def nmse(ref, got):
+    return None  # your code
+
+check("06.3", nmse)
+
+# %% [markdown]
+# **4. Implement it.** The diff's cosine similarity between the two tensors, flattened.
+
+# %%
+def cosine(ref, got):
+    return None  # your code
+
+check("06.4", cosine)
 
 # %% [markdown]
 # **What to remember.** Dump a handful of tensors per layer, map the names once, and let the

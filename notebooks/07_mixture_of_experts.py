@@ -216,22 +216,23 @@ print("the recall pair (2+3) costs recall", round(drops[(2, 3)]["recall"], 2), "
 # %% [markdown]
 # ## Exercises: predict, then check
 #
-# Write your prediction in `answer`, run the cell, and only then open the solution below it.
-# `check` (from `workbench.notebook`) says *right*, or what to look at when it is not.
-#
-# **1.** Read the layer-0 router scores printed above for the last token, ` mia`. Which
-# two experts will it go to (a sorted list of expert numbers)?
+# Write your answer in `answer` (or the function's body) and run the cell. `check` says
+# *right*, *partly right* (and how much), or what to look at for the mistake you made; it
+# never shows the answer. The "implement" exercises run your function on this model's real
+# values and compare with the op's output. When you are done, or stuck, `solution("07.1")`
+# in a cell of your own prints a worked solution (no cell of this notebook does).
 
 # %%
-from workbench.notebook import check
-answer = None  # your prediction, e.g. [0, 3]
-check(answer, sorted(np.argsort(-scores[-1])[:2].tolist()),
-      why="the router keeps the two highest scores of the token's row, whatever their sign")
+from workbench.exercises import check, solution
 
-# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["solution"]
-last_top = sorted(np.array(tr.value("layers.0.router.top_k"))[0, -1].tolist())
-print(repr(tokens[-1]), "scores", np.round(scores[-1], 2), "-> experts", last_top)
-check(last_top, sorted(np.argsort(-scores[-1])[:2].tolist()))
+# %% [markdown]
+# **1.** Here are *layer 2's* router scores for the last token, ` mia`. Which two experts
+# will it go to (a list of expert numbers)?
+
+# %%
+print(np.round(np.array(tr.value("layers.2.router.proj"))[0, -1], 2))
+answer = None  # your prediction, e.g. [0, 3]
+check("07.1", answer)
 
 # %% [markdown]
 # **2.** In the expert-load count, each layer's token slots add up to a multiple of the number
@@ -239,12 +240,7 @@ check(last_top, sorted(np.argsort(-scores[-1])[:2].tolist()))
 
 # %%
 answer = None  # your prediction: a number
-check(answer, 2, why="how many experts does the router pick per token (top_k_experts)?")
-
-# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["solution"]
-per_token = load.sum(1) / mask.astype(bool).sum()
-print("slots per real token, by layer:", per_token.tolist(), "| top_k_experts:", cfg["top_k_experts"])
-check(float(per_token[0]), 2.0)
+check("07.2", answer)
 
 # %% [markdown]
 # **3.** With expert 0 banned by the intervention above, how many token slots of our prompt go
@@ -253,21 +249,29 @@ check(float(per_token[0]), 2.0)
 
 # %%
 answer = None  # your prediction, e.g. (3, 1)
-check(answer, (0, 2), why="a score of -10000 is never among the top two; top_k still picks two")
+check("07.3", answer)
 
-# %% jupyter={"outputs_hidden": true, "source_hidden": true} tags=["solution"]
-t3 = workbench.trace(model, prompt, capture=["layers.*.router.top_k"], interventions=[patch("layers.*.router.proj", ban_expert_0)])
-t3.run()
-k0 = np.array(t3.value("layers.0.router.top_k"))[0]          # [T, 2]
-print("slots of expert 0:", int((k0 == 0).sum()), "| experts per token:", k0.shape[-1])
-check((int((k0 == 0).sum()), int(k0.shape[-1])), (0, 2))
+# %% [markdown]
+# **4. Implement it.** The router's top-k: from `scores` (`[tokens, experts]`) return, per
+# token, the indices of the `k` experts it goes to (`[tokens, k]`, any order within a row).
+# `check` compares with `layers.0.router.top_k`.
 
-# %% [markdown] jupyter={"source_hidden": true} tags=["solution"]
-# *Solutions.* 1: the two largest scores of the row (top-k compares scores, not their
-# signs or sizes). 2: 2 = `top_k_experts`: every real token fills exactly two expert slots
-# per layer, however unbalanced the load. 3: (0, 2) — banning an expert does not take work
-# away, it sends it to the next-best expert, which is why the answer survived: the other
-# experts cover.
+# %%
+def route(scores, k):
+    return None  # your code
+
+check("07.4", route)
+
+# %% [markdown]
+# **5. Implement it.** The layer's expert output: `outs` holds, for each token, the outputs of
+# its `k` chosen experts (`[tokens, k, hidden]`) and `weights` their router weights
+# (`[tokens, k]`). Return `[tokens, hidden]`. `check` compares with `layers.0.experts.combine`.
+
+# %%
+def combine(outs, weights):
+    return None  # your code
+
+check("07.5", combine)
 
 # %% [markdown]
 # **What to remember.** An MoE layer is a router (scores → top-k → weights) plus experts; every

@@ -241,38 +241,52 @@ print(f"{n} tokens: with cache {with_cache:.2f} s, without {without:.2f} s")
 # %% [markdown]
 # ## Exercises: predict, then check
 #
-# Write your prediction in `answer`, run the cell, and only then open the solution below it.
-# `check` (from `workbench.notebook`) says *right*, or what to look at when it is not.
-#
-# **1.** How many positions does layer 0's `k_cache` hold in forward 4 (`g.traces[4]`, the
-# forward that produced generated token 4)? The prompt is 8 tokens with `<bos>`.
+# Write your answer in `answer` (or the function's body) and run the cell. `check` says
+# *right*, *partly right* (and how much), or what to look at for the mistake you made; it
+# never shows the answer. The "implement" exercises run your function on this model's real
+# values and compare with the op's output. When you are done, or stuck, `solution("08.1")`
+# in a cell of your own prints a worked solution (no cell of this notebook does).
 
 # %%
-from workbench.notebook import check
-answer = None  # your prediction: a number
-check(answer, 12, why="the prefill caches the 8 prompt positions; each later forward adds the token it reads")
-
-# %% tags=["solution"] jupyter={"outputs_hidden": true, "source_hidden": true}
-cached = g.traces[4].step_info("layers.0.self_attn.k_cache").output_shape[2]
-print(cached, "positions | prompt", len(prompt_ids))
-check(cached, 12)
+from workbench.exercises import check, solution
 
 # %% [markdown]
-# **2.** Which `rope_offset` does forward 2 use?
+# **1.** Generate 40 tokens from the same prompt. How many positions does the
+# *full-attention* layer's cache, `layers.3.self_attn.k_cache`, hold in forward 30
+# (`g.traces[30]`, the forward that produces generated token 30)?
 
 # %%
 answer = None  # your prediction: a number
-check(answer, 9, why="rope_offset is the position of the forward's only token: count from 0, <bos> included")
+check("08.1", answer)
 
-# %% tags=["solution"] jupyter={"outputs_hidden": true, "source_hidden": true}
-offset = int(np.array(g.traces[2].value("rope_offset"))[0])
-print(offset)
-check(offset, 9)
+# %% [markdown]
+# **2.** Which `rope_offset` does forward 30 use?
 
-# %% [markdown] tags=["solution"] jupyter={"source_hidden": true}
-# *Solutions.* 1: 12 = 8 prompt positions + 4 tokens read since (generated tokens 0..3;
-# token 4 is the output, not yet cached). 2: 9 — forward 2 reads generated token 1, which
-# sits at position 8 + 1 (positions count from 0: the prompt is 0..7, token 0 is at 8).
+# %%
+answer = None  # your prediction: a number
+check("08.2", answer)
+
+# %% [markdown]
+# **3. Implement it.** Return the `rope_offset` of every forward of a generation: the
+# prefill, then one forward per generated token. `check` compares with the traces of a
+# 6-token generation from our prompt.
+
+# %%
+def rope_offsets(prompt_len, forwards):
+    return None  # your code
+
+check("08.3", rope_offsets)
+
+# %% [markdown]
+# **4. Implement it.** Greedy decoding: from one forward's logits (`[positions, vocab]`),
+# return the id of the token it generates. `check` runs it on every forward of that
+# generation and compares with the tokens it produced.
+
+# %%
+def greedy(logits):
+    return None  # your code
+
+check("08.4", greedy)
 
 # %% [markdown]
 # **What to remember.** Generation = prefill + one-token forwards over a growing cache; the

@@ -187,22 +187,53 @@ print(fa.op, "|", fa.cause)
 print("text only:", workbench.trace(nan_g4, [5, 6, 7]).first_nonfinite())
 
 # %% [markdown]
-# ## Exercises
+# ## Exercises: predict, then check
 #
-# **1.** Predict: in the Gemma 4 trace above, does `embed_audio` come before or after
-# `layers.0`? Check with `tm.ops.index(...)`.
-#
-# **2.** Trace the Phi-3 checkpoint at float16 *without* the planted overflow: is it
-# clean? Which step is closest to float16's limit (`t.headroom(top=1)`)?
+# Write your answer in `answer` (or the function's body) and run the cell. `check` says
+# *right*, *partly right* (and how much), or what to look at for the mistake you made; it
+# never shows the answer. The "implement" exercises run your function on this model's real
+# values and compare with the op's output. When you are done, or stuck, `solution("09.1")`
+# in a cell of your own prints a worked solution (no cell of this notebook does).
 
-# %% tags=["solution"]
-# solution to 1: the towers run first, then the language model on the merged sequence
-print("embed_audio before layers.0:", tm.ops.index("embed_audio") < tm.ops.index("layers.0"))
+# %%
+from workbench.exercises import check, solution
 
-# %% tags=["solution"]
-# solution to 2
-t16 = workbench.trace(workbench.load(phi3), "the cat sat on the mat", dtype="float16")
-print("clean:", t16.first_nonfinite() is None, "| closest to the limit:", t16.headroom(top=1))
+# %% [markdown]
+# **1.** In the Gemma 4 trace above, does `embed_audio` come **before** or **after**
+# `layers.0`?
+
+# %%
+answer = None  # your prediction: "before" or "after"
+check("09.1", answer)
+
+# %% [markdown]
+# **2.** Trace the Phi-3 checkpoint at float16 *without* the planted overflow. Is it clean
+# (no non-finite step)?
+
+# %%
+answer = None  # your prediction: True or False
+check("09.2", answer)
+
+# %% [markdown]
+# **3. Implement it.** From a step's name (`layers.3.self_attn.rope#2`, `embed_tokens`), return
+# its layer number, or None outside the layers. `check` runs it on every step of a Phi-3
+# trace and compares with `step.layer`.
+
+# %%
+def layer_of(name):
+    return None  # your code
+
+check("09.3", layer_of)
+
+# %% [markdown]
+# **4. Implement it.** From a dict step name -> absmax, return the step closest to
+# float16's limit. `check` runs it on the float16 Phi-3 trace's statistics.
+
+# %%
+def largest(absmax):
+    return None  # your code
+
+check("09.4", largest)
 
 # %% [markdown]
 # ## What to remember

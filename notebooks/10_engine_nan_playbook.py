@@ -327,15 +327,29 @@ print("first divergence:", fixed_report.first_divergence, "| hazards:", analyze(
 # attention kernel keeps them in on-chip memory — but the rule is the same for every
 # scratch buffer: a kernel's output must not land on bytes any of its inputs still
 # occupies, unless the kernel is element-wise and declared in-place.)
-#
+
+# %% [markdown]
 # ## Exercises: predict, then check
 #
-# Write your prediction down before you open the solution.
-#
+# Write your answer in `answer` (or the function's body) and run the cell. `check` says
+# *right*, *partly right* (and how much), or what to look at for the mistake you made; it
+# never shows the answer. The "implement" exercises run your function on this model's real
+# values and compare with the op's output. When you are done, or stuck, `solution("10.1")`
+# in a cell of your own prints a worked solution (no cell of this notebook does).
+
+# %%
+from workbench.exercises import check, solution
+
+# %% [markdown]
 # **1.** Put layer 0's scores over the *queries* instead (`like="layers.0.self_attn.q_rope"`),
-# in the default plan. Predict: are the logits still right? Does `analyze` flag the
-# dispatch, and with which kind?
-#
+# in the default plan. Predict: are the logits still exact, and which kind of hazard does `analyze`
+# report? Answer as (exact, hazard kind).
+
+# %%
+answer = None  # your prediction, e.g. (False, "raw")
+check("10.1", answer)
+
+# %% [markdown]
 # **2. A missing barrier.** Engines on Metal often encode *concurrently*: dispatches between
 # two memory barriers may run at the same time, so a dispatch that reads what another one of
 # the same stretch writes needs a barrier between them. `emu.run(plan, mode="concurrent",
@@ -344,83 +358,45 @@ print("first divergence:", fixed_report.first_divergence, "| hazards:", analyze(
 # context (`self_attn.context`) before the dispatch computing it has landed. Hint: layer 3
 # is Gemma 4's full-attention layer, with heads of 64 dimensions instead of 32, so its
 # context is twice as wide as layers 0–2's, which used the same reused buffer. Predict:
-# which tokens of `layers.3.self_attn.o_proj` come out NaN, which pattern does the diff
-# name, and which hazard kind does the analyzer report?
-#
+# which tokens of `layers.3.self_attn.o_proj` come out NaN (the first and the last), which
+# pattern does the diff name, and which hazard kind does the analyzer report?
+
+# %%
+answer = None  # your prediction: (first NaN token, last NaN token, pattern, hazard kind)
+check("10.2", answer)
+
+# %% [markdown]
 # **3.** Put layer 0's scores over the *values* (`like="layers.0.self_attn.v_cache"`): the
 # score kernel does not read V, but the next-but-one dispatch does. Predict: which op is the
-# first divergence, is it NaN, and which dispatch does the analyzer name (and which earlier
-# one)?
+# first divergence, is it NaN there, and which hazard kind does the analyzer report?
 
-# %% tags=["solution"]
-# solution to 1: bit-exact on this input, and still a hazard
-q_run = emu.run(plan.place("layers.0.self_attn.scores", like="layers.0.self_attn.q_rope"))
-print(q_run.summary())
-for hz in q_run.hazards:
-    print(hz.kind, "at event", hz.event, run.schedule.events[hz.event].name, "buffer", hz.buffer, hz.range)
-assert q_run.exact and [hz.kind for hz in q_run.hazards] == ["partial-overlap"]
-# the same plan on a prompt of 33 tokens (the prompt repeated)
-emu33 = Emulator(model, (ids * 3)[:33])
-print("33 tokens:", emu33.run(emu33.plan().place("layers.0.self_attn.scores", like="layers.0.self_attn.q_rope")).summary())
+# %%
+answer = None  # your prediction: (op, NaN there, hazard kind)
+check("10.3", answer)
 
 # %% [markdown]
-# *Solution 1.* On this prompt the numbers are exact, and the hazard is real. With T = 14
-# tokens, the score of head *h*, query *t*, key *s* is output element 196·h + 14·t + s, and
-# it lands on query element number 196·h + 14·t + s; but query row *t* of head *h* starts
-# at element 448·h + 32·t (head dimension 32), further along. So each query row is read
-# before the output reaches it (except row 0 of head 0, whose other scores are masked
-# anyway). From 33 tokens on — more tokens than a head has dimensions — the scores outrun
-# the queries and the logits go NaN, as the last line shows. And a GPU runs tiles in any
-# order. **A clean diff on one input does not prove a clean schedule**; the analyzer judges
-# the bytes, not the luck.
+# **4. Implement it.** From an op's value `[tokens, channels]`, return the runs of token rows
+# that hold a NaN, each as `[first, last]` (what the diff's `where` line reports). `check`
+# runs it on the first divergence of the missing-barrier run.
 
-# %% tags=["solution"]
-# solution to 2: the second half of the context buffer was never written
-from workbench.diff import compare_arrays
-late = emu.run(plan, mode="concurrent", skip_barriers=["layers.3.self_attn.o_proj"])
-late_report = compare_arrays(late.reference, late.outputs, order=model.program.names, tokens=len(ids))
-late_fd = late_report.first_divergence
-print(late_fd.op, "| pattern:", late_fd.nonfinite["pattern"], "| where:", late_fd.reasons[-1])
-for hz in late.hazards:
-    print(hz.kind, "at event", hz.event, late.schedule.events[hz.event].name, "buffer", hz.buffer, hz.range)
-assert late_fd.nonfinite["rows"] == [[7, 13]] and late_fd.nonfinite["pattern"] == "block" and late_fd.nonfinite["tile"]
+# %%
+def nan_rows(x):
+    return None  # your code
+
+check("10.4", nan_rows)
 
 # %% [markdown]
-# *Solution 2.* Tokens 7–13, all 128 channels: NaN; tokens 0–6 finite but wrong. Layer 3's
-# context is 14 tokens × 256 values; when `o_proj` reads the buffer early, its first half
-# still holds layer 2's context (14 × 128 values: stale, but numbers) and its second half
-# has never been written (`0xFF`: NaN), which is exactly query rows 7–13 of a 14 × 256
-# matrix. A `block` of whole token rows: the diff's `tile` flag is set and its line ends
-# with the pointer to `workbench hazards`, which reports a `raw` (read-after-write in one
-# concurrent region) at `o_proj`'s dispatch on buffer `self_attn.context`. The fix here is
-# the barrier, not a buffer. Only Gemma 4's wider full-attention layer shows it as NaN: on
-# sliding layers 1 or 2 the same missing barrier reads the previous layer's context, whole
-# — wrong numbers, no NaN (layer 0 would read a buffer never written at all: NaN in every
-# element, which the diff calls `everywhere` — a shape that cannot tell memory from a bad
-# weight, so there the schedule is the one to ask).
+# **5. Implement it.** Given the op names in order and the engine's values by name, return
+# the first op whose value holds a NaN or an infinity. `check` runs it on the scores-over-values
+# run of exercise 3.
 
-# %% tags=["solution"]
-# solution to 3: the scores are right; V is overwritten before the context reads it
-v_run = emu.run(plan.place("layers.0.self_attn.scores", like="layers.0.self_attn.v_cache"))
-v_report = compare_arrays(v_run.reference, v_run.outputs, order=model.program.names, tokens=len(ids))
-v_fd = v_report.first_divergence
-first_nan = next(o.op for o in v_report.ops if o.nonfinite)
-print("first divergence:", v_fd.op, "| non-finite there:", v_fd.nonfinite is not None,
-      f"| cosine {v_fd.cosine:.3f}, nmse {v_fd.nmse:.2g}, max abs {v_fd.max_abs:.3g}", "| first NaN:", first_nan)
-for hz in v_run.hazards:
-    print(hz.kind, "at event", hz.event, v_run.schedule.events[hz.event].name,
-          "| earlier event", hz.other, v_run.schedule.events[hz.other].name)
-assert v_fd.op == "layers.0.self_attn.context" and v_run.hazards[0].kind == "stale-read"
+# %%
+def first_nan_op(names, values):
+    return None  # your code
+
+check("10.5", first_nan_op)
 
 # %% [markdown]
-# *Solution 3.* The first divergence is `layers.0.self_attn.context` — huge but finite
-# values (a probability times −3.39·10³⁸; the diff sums in float64, so its metrics stay
-# numbers: cosine ≈ 0.03, NMSE ≈ 5·10⁷⁶) — and the first NaN comes one op later, in
-# `o_proj`, where such values of both signs meet in a float32 sum. The analyzer reports a
-# `stale-read` at the *reader*, the context dispatch (event 24): it expected the bytes of
-# `v_cache` and found those of the scores, written by the earlier event 22. The dispatch at
-# fault is the writer; the one named first is where the damage is read.
-#
 # ## What to remember
 #
 # * Rule out the cheap hypotheses first, one command each: `inspect --values` (the

@@ -12,8 +12,8 @@ a code cell whose output varies); ``notebooks/NN_name.ipynb`` is its executed pa
 ``build`` also rewrites ``notebooks/trusted.sha256``, the name and SHA-256 of every executed
 notebook: the only files ``workbench lab`` marks trusted (commit it with the notebooks).
 
-The exercises at the end of each notebook call ``check(answer, expected, why=...)``:
-"predict, then check" in one line, right or a hint, never an exception.
+The exercises at the end of each notebook call ``workbench.exercises.check("NN.k", answer)``:
+the answers, hints and solutions live in that package, never in the notebook.
 
 ``build`` executes in a fresh kernel of this environment (cwd notebooks/, PYTHONHASHSEED=0)
 with nbclient and stores the widget state, so JupyterLab shows each view before the
@@ -54,59 +54,6 @@ def planted(src, dst, change) -> Path:
     change(tensors)
     fsio.write_with(f, lambda p: mx.save_safetensors(p, tensors, metadata=meta))  # exclusive temporary, renamed
     return dst
-
-
-# ------------------------------------------------------------------ exercises
-
-def _same(answer, expected, tol) -> bool:
-    """Whether ``answer`` matches ``expected``: numbers within ``tol`` (absolute; exact when
-    None), strings ignoring case and surrounding spaces, sequences and dicts element-wise."""
-    import numpy as np
-
-    if isinstance(expected, dict):
-        return (isinstance(answer, dict) and answer.keys() == expected.keys()
-                and all(_same(answer[k], expected[k], tol) for k in expected))
-    if isinstance(expected, str):
-        return isinstance(answer, str) and answer.strip().lower() == expected.strip().lower()
-    if isinstance(expected, (bool, np.bool_)) or isinstance(answer, (bool, np.bool_)):
-        both = isinstance(answer, (bool, np.bool_)) and isinstance(expected, (bool, np.bool_))
-        return both and bool(answer) == bool(expected)
-    if isinstance(expected, (list, tuple, np.ndarray)):
-        if not isinstance(answer, (list, tuple, np.ndarray)):
-            return False
-        a, e = list(np.asarray(answer, dtype=object).ravel()), list(np.asarray(expected, dtype=object).ravel())
-        if np.shape(answer) != np.shape(expected):
-            return False
-        return all(_same(x, y, tol) for x, y in zip(a, e))
-    if isinstance(expected, (int, float, np.integer, np.floating)):
-        if not isinstance(answer, (int, float, np.integer, np.floating)):
-            return False
-        if np.isnan(expected) or np.isnan(answer):
-            return bool(np.isnan(expected) and np.isnan(answer))
-        return float(answer) == float(expected) if tol is None else abs(float(answer) - float(expected)) <= tol
-    return answer == expected
-
-
-def check(answer, expected, *, tol=None, why: str = "", show: bool = False) -> bool:
-    """Predict, then check: prints ``right`` when ``answer`` matches ``expected``, else
-    ``not quite: <why>`` (``why`` names what to look at; it never gives the answer away
-    unless ``show=True``, which appends it).  ``answer=None`` (no prediction written yet)
-    says so.  Numbers match within ``tol`` (absolute; exactly when None); strings ignore
-    case and surrounding spaces; tuples, lists, arrays and dicts match element by element.
-    Returns the verdict; never raises on a wrong or malformed answer."""
-    if answer is None:
-        print("no prediction yet: write it in `answer`, then run the cell again")
-        return False
-    try:
-        ok = _same(answer, expected, tol)
-    except Exception:   # an answer of an unexpected kind is just not right
-        ok = False
-    if ok:
-        print("right")
-    else:
-        hint = why or "compare your prediction with what the notebook measured above"
-        print(f"not quite: {hint}" + (f" (expected {expected!r})" if show else ""))
-    return ok
 
 
 # ------------------------------------------------------------------ source <-> executed pair
