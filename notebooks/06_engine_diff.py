@@ -202,6 +202,46 @@ status = workbench_cli(["diff", str(DEMO), str(work / "engine.npz"), "--ids", id
 print("exit status", status)
 
 # %% [markdown]
+# ## A real engine: transformers, with a planted bug
+#
+# Real engines name and lay out their tensors their own way: transformers by module path
+# (`model.layers.0.input_layernorm`, queries `[B, T, H, d]`), llama.cpp by GGML names
+# (`attn_norm-0`, `Qcur-0`, shapes innermost first). The diff knows both (`--engine
+# transformers`, `--engine llama.cpp`: `workbench/diff/engines/`, data files), so no rules file
+# is needed. To get a dump from a transformers model:
+#
+# ```python
+# from workbench.diff import torch_hooks        # imports torch only here
+# with torch_hooks(hf_model) as rec:             # every module's output, RoPE's in and out
+#     hf_model(torch.tensor([ids]))
+# rec.save("engine.safetensors", ids=ids)
+# ```
+#
+# Below, a dump written that way (by `scripts/make_engine_dumps.py`, committed in
+# `tests/data/engines/`): transformers' own Gemma 3, tiny, where every RMSNorm scales by `w`
+# instead of Gemma's `(1 + w)` — a bug ports really have. Its checkpoint is rebuilt from
+# `tests/data/archs/gemma3_text`. No `--map`: the dump says it comes from transformers.
+
+# %%
+import sys
+REPO = pathlib.Path(workbench.__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests" / "data"))
+from make_arch_refs import HERE as ARCHS, write_checkpoint
+gemma = write_checkpoint(work / "gemma3_text", ARCHS / "gemma3_text")
+real = compare(str(gemma), REPO / "tests" / "data" / "engines" / "gemma3_norm_w.safetensors")
+print("engine:", real.engine, "| first divergence:", real.first_divergence.op,
+      "| engine name:", real.first_divergence.engine_name)
+print("pattern:", real.pattern["pattern"], "-", real.pattern["text"])
+
+# %% [markdown]
+# The first op reported is the first norm, where the bug enters, and the pattern reads the
+# kind of bug from the values: the engine's output is ours times `w / (1 + w)`, channel by
+# channel. The other planted bugs of `tests/test_diff_engines.py` (a wrong rope theta, an
+# attention scale, a logit softcap, a matmul accumulated in bfloat16, a decode step's position
+# off by one) are each found at their own op the same way; a decode step (one token through the
+# engine's KV cache) is compared with our full forward's row at that position.
+
+# %% [markdown]
 # ## Exercises: predict, then check
 #
 # Write your answer in `answer` (or the function's body) and run the cell. `check` says

@@ -372,7 +372,8 @@ def topk_dependents(program) -> dict[str, list[str]]:
 
 
 def local_errors(report: DiffReport, model: Any, aligned: Mapping[str, np.ndarray], ids: Sequence[int],
-                 dtype: str | None = None, dtypes: Mapping[str, str] | None = None, logit_rows=None) -> int:
+                 dtype: str | None = None, dtypes: Mapping[str, str] | None = None, logit_rows=None,
+                 decode: bool = False) -> int:
     """Fill each op's local error: our op applied to the engine's own (aligned) inputs.
 
     Program inputs (token ids, RoPE offsets, masks) come from our feeds; an op with an
@@ -423,6 +424,8 @@ def local_errors(report: DiffReport, model: Any, aligned: Mapping[str, np.ndarra
         if not od.compared or od.op not in aligned or od.op not in program:  # (a module-level dump's names)
             continue
         op = program[od.op]
+        if decode and any(src in feeds and src != "input_ids" for src in op.inputs):
+            continue  # positions and masks of a decode step are not the full forward's feeds
         args = []
         for src in op.inputs:
             if src in feeds:
@@ -586,7 +589,8 @@ def _split_weights(model: Any, eng: dict, rules, op_names) -> dict:
 
 def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[int] | None = None,
             rules: Any = None, tolerance: Tolerance | dict | None = None, dtype: str | None = None,
-            noise_floor: str | None = None, local: bool = True, logits=None) -> DiffReport:
+            noise_floor: str | None = None, local: bool = True, logits=None, engine_adapter: str | None = None,
+            decode: bool | None = None) -> DiffReport:
     """Diff an engine dump against our reference.
 
     ``model``: a checkpoint path, a loaded model, a :class:`Reference`, or the path of a
@@ -604,6 +608,12 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
     head tensor holds every position (T rows), the last alone (one row), or the positions its
     dump's ``workbench.logit_positions`` names; the rows both sides hold are compared (the
     report's ``logits`` says which), and positions that cannot be lined up are a DiffError.
+    ``engine_adapter``: "transformers" or "llama.cpp" (workbench/diff/engines): the engine's names
+    and layouts put in ours with no rules (default: the one its dump's metadata names, as
+    :func:`torch_hooks` and the llama.cpp eval-callback reader record).  ``engine`` may also be
+    llama-eval-callback's text output.  ``decode``: the engine's dump is one decode step (the last
+    of ``ids`` through its KV cache), compared with our full forward's row at that position
+    (default: what the dump's ``workbench.decode`` metadata says).
     """
     from workbench.precision import exact_float32
 
@@ -614,10 +624,19 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
     if noise_floor is not None and _dtype_name(dtype) == noise_floor:
         raise DiffError(f"the noise floor dtype {noise_floor} is the reference's own dtype: nothing to calibrate "
                         "against (run the reference in float32)")
+    from workbench.diff import engine_glue as glue
+
+    known = None
     if isinstance(engine, Mapping):
         eng, emeta = dict(engine), {}
+    elif glue.is_eval_callback_text(engine):
+        eng, emeta, known = glue.read_eval_callback(engine)
     else:
         eng, emeta = readers.read_dump(engine)
+    adapter = glue.adapter_for(engine_adapter, emeta)
+    tolerance = glue.engine_tolerance(tolerance, emeta)
+    if decode is None:
+        decode = emeta.get(glue.META_DECODE) == "1"
     if not eng:
         raise DiffError(f"{engine if not isinstance(engine, Mapping) else 'the engine mapping'}: holds no tensors")
     if isinstance(model, (str, os.PathLike)) and is_reference_dump(model):
@@ -639,6 +658,10 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
             raise DiffError(f"logits={logits!r}: the reference dump holds no token ids ({readers.META_IDS}) to "
                             "place positions in")
         ref_values, ref_pos = _restrict(model, logits, T) if T else (model.values, None)
+        eng, known, ainfo = glue.adapt(adapter, eng, model.order, model.model, known)
+        printed: dict = {}
+        if decode:
+            ref_values = glue.decode_rows(ref_values, head_ops(model.order), T)
         if noise_floor is not None:
             matched, _, _ = match_names(eng.keys(), [n for n in model.order if n in model.values], rules)
             noise = run_reference(model.model, ids=model.ids, ops=list(matched) or None, dtype=noise_floor,
@@ -658,22 +681,30 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
         compared, info = align_logits(ref_values, eng, model.order, rules, T, ref_pos, emeta, noise)
         report = compare_arrays(ref_values, eng, order=model.order, rules=rules, tolerance=tolerance,
                                 inputs=model.inputs, noise=noise, noise_dtype=noise_floor, aligned=aligned,
-                                topk=topk, tokens=len(model.ids) if model.ids else None, empty_ok=bool(weights))
+                                topk=topk, tokens=(1 if decode else len(model.ids)) if model.ids else None,
+                                empty_ok=bool(weights), known=known,
+                                key_cut=adapter.cuts_keys if adapter else None, notes=ainfo.get("notes"),
+                                printed=printed)
         report.logits = info
+        glue.finish(report, adapter, ainfo, decode)
         if weights:
             report.weights = compare_weights(loaded, weights, report.tolerance)
         report.engine_total += len(weights)  # the dump's weights count in its coverage
         if local and loaded is not None and model.ids:
             with exact_float32():
                 local_errors(report, loaded, aligned, model.ids, dtype=model.dtype, dtypes=model.dtypes,
-                             logit_rows=_logit_rows(compared, T, getattr(loaded, "vocab_size", None)))
+                             logit_rows=_logit_rows(compared, T, getattr(loaded, "vocab_size", None)),
+                             decode=decode)
         _precision_warning(report, model.matmul_precision, emeta)
+        report.pattern = glue.pattern(report, ref_values, {**aligned, **printed}, loaded, decode)
         return report
     m = _load_model(model, dtype)
     if prompt is None and ids is None and readers.META_IDS in emeta:
         ids = json.loads(emeta[readers.META_IDS])
     token_ids = _ids_for(m, prompt, ids)
     program = _program_of(m, token_ids, dtype)
+    eng, known, ainfo = glue.adapt(adapter, eng, program.names, m, known)
+    printed: dict = {}
     weights = _split_weights(m, eng, rules, program.names)
     matched, _, _ = match_names(eng.keys(), program.names, rules)
     values: dict = {}
@@ -687,6 +718,9 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
         if noise_floor is not None:
             noise = run_reference(m, ids=token_ids, ops=list(matched), dtype=noise_floor,
                                   logits=list(ref_pos) if ref_pos else None).values
+        if decode:
+            values = glue.decode_rows(values, head_ops(program.names), len(token_ids))
+            noise = None if noise is None else glue.decode_rows(noise, head_ops(program.names), len(token_ids))
     elif logits is not None:  # (refused in one line as the run would: nothing else checks it)
         from workbench.trace.logits import resolve
 
@@ -696,14 +730,19 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
     report = compare_arrays(values, eng, order=program.names, rules=rules, tolerance=tolerance,
                             inputs={op.name: tuple(op.inputs) for op in program.ops}, noise=noise,
                             noise_dtype=noise_floor, aligned=aligned, topk=topk_dependents(program),
-                            tokens=len(token_ids), empty_ok=bool(weights))
+                            tokens=1 if decode else len(token_ids), empty_ok=bool(weights), known=known,
+                            key_cut=adapter.cuts_keys if adapter else None, notes=ainfo.get("notes"),
+                                printed=printed)
     report.logits = info
+    glue.finish(report, adapter, ainfo, decode)
     if weights:
         report.weights = compare_weights(m, weights, report.tolerance)
     report.engine_total += len(weights)  # the dump's weights count in its coverage
     if local and matched:
         with exact_float32():
             local_errors(report, m, aligned, token_ids, dtype=dtype, dtypes=dtypes,
-                         logit_rows=_logit_rows(compared, len(token_ids), getattr(m, "vocab_size", None)))
+                         logit_rows=_logit_rows(compared, len(token_ids), getattr(m, "vocab_size", None)),
+                         decode=decode)
     _precision_warning(report, precision, emeta)
+    report.pattern = glue.pattern(report, values, {**aligned, **printed}, m, decode)
     return report

@@ -7,6 +7,7 @@ from workbench.errors import UsageError, parse_ids
 from workbench.diff.naming import RulesError
 from workbench.diff.readers import DumpError
 from workbench.diff.report import DiffError
+from workbench.diff.engines import EngineError
 
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -61,7 +62,7 @@ def _load_errors() -> tuple[type, ...]:
 def usage_errors():
     try:
         yield
-    except (DumpError, RulesError, DiffError, FileNotFoundError, NotADirectoryError, IsADirectoryError) as e:
+    except (DumpError, RulesError, DiffError, EngineError, FileNotFoundError, NotADirectoryError, IsADirectoryError) as e:
         raise UsageError(str(e)) from None
     except _load_errors() as e:
         raise UsageError(str(e)) from None

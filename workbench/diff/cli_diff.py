@@ -20,6 +20,13 @@ def add_arguments(p) -> None:
     p.add_argument("engine_dump", metavar="ENGINE_DUMP", help=".safetensors, .npz, or a directory of .npy files")
     common.add_input_arguments(p)
     p.add_argument("--map", metavar="RULES.json", help="JSON list of [regex, replacement] pairs for engine names")
+    p.add_argument("--engine", metavar="NAME", default=None,
+                   help="the engine's naming and layouts, built in: transformers (module paths, as "
+                        "workbench.diff.torch_hooks records them) or llama.cpp (GGML names; ENGINE_DUMP may be "
+                        "llama-eval-callback's text output); no --map needed (default: what the dump's metadata says)")
+    p.add_argument("--decode", action="store_true", default=None,
+                   help="ENGINE_DUMP is one decode step (the last of the ids through the engine's KV cache): compare "
+                        "it with our full forward's row at that position (default: what the dump's metadata says)")
     common.add_dtype_argument(p)
     common.add_logits_argument(p, "the positions at which the head's tensors (lm_head, logits) are compared "
                                   "(default: those both sides hold; against a checkpoint the reference computes all "
@@ -51,11 +58,28 @@ def _same_file(a: str, b: str) -> bool:
     return os.path.abspath(a) == os.path.abspath(b)
 
 
+def _carries_ids(path: str) -> bool:
+    """Whether an engine's safetensors dump names its token ids (workbench.ids: torch_hooks writes them)."""
+    import struct
+
+    from workbench import fsio
+
+    try:
+        with fsio.open_regular(path) as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            if n > 100 * 2**20:
+                return False
+            head = json.loads(f.read(n))
+    except Exception:  # not a safetensors file (the reader says what it is)
+        return False
+    return isinstance(head, dict) and "workbench.ids" in (head.get("__metadata__") or {})
+
+
 def run(args) -> int:
     from workbench.diff.api import compare, is_reference_dump
 
     is_ref = is_reference_dump(args.path)
-    ids, prompt = common.parse_input(args, required=not is_ref)
+    ids, prompt = common.parse_input(args, required=not is_ref and not _carries_ids(args.engine_dump))
     logits = common.parse_logits(args)
     for flag, v in (("--min-cosine", args.min_cosine), ("--max-nmse", args.max_nmse), ("--max-abs", args.max_abs),
                     ("--noise-factor", args.noise_factor)):
@@ -73,7 +97,7 @@ def run(args) -> int:
     with common.usage_errors():
         report = compare(args.path, args.engine_dump, prompt=prompt, ids=ids, rules=args.map,
                          tolerance=tol, dtype=args.dtype, noise_floor=args.noise_floor, local=args.local,
-                         logits=logits)
+                         logits=logits, engine_adapter=args.engine, decode=args.decode)
     if report.compared == 0 and report.first_divergence is None and not report.weights:
         hint = ", ".join(f"{n} (closest op: {report.suggestions[n]})" if n in report.suggestions else n
                          for n in report.unmatched_engine[:5])

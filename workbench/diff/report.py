@@ -140,6 +140,15 @@ class DiffReport:
     #: the head's rows (``lm_head``, ``logits``) where their positions were lined up (api.align_logits):
     #: {"compared", "positions", "reference", "engine", "T", "ops"}; None where no head tensor was matched
     logits: dict | None = None
+    #: the engine adapter applied (workbench/diff/engines: "transformers", "llama.cpp"), None for none
+    engine: str | None = None
+    #: the engine's dump is one decode step (the last token, through its KV cache), compared with
+    #: our full forward's row at that position
+    decode: bool = False
+    #: the first finding's pattern ({"op", "pattern", "text"}: workbench/diff/signature.py), or None
+    pattern: dict | None = None
+    #: engine tensors an adapter left out on purpose -> why (no op of ours, the same as another)
+    dropped_why: dict = field(default_factory=dict)
 
     @property
     def logits_partial(self) -> str | None:
@@ -325,11 +334,25 @@ class DiffReport:
             "matmul_precision": dict(self.precision),
             "precision_warning": self.precision_warning,
             "logits": self.logits,
+            "engine": self.engine,
+            "decode": self.decode,
+            "pattern": self.pattern,
+            "dropped_why": dict(self.dropped_why),
         }
 
     def summary(self, max_ops: int = 40) -> str:
         """Text report: the finding, a table of ops (around the first divergence when long), unmatched names."""
         lines = [f"warning: {self.precision_warning}"] if self.precision_warning else []
+        if self.unmatched_engine:  # first: names that matched nothing are the first thing to fix
+            shown = self.unmatched_engine[:6]
+            lines.append(f"engine tensors matching no op ({len(self.unmatched_engine)}): "
+                         + ", ".join(n + (f" (closest: {self.suggestions[n]})" if n in self.suggestions else "")
+                                     for n in shown)
+                         + (f" ... (+{len(self.unmatched_engine) - len(shown)}; --json lists them)"
+                            if len(self.unmatched_engine) > len(shown) else ""))
+        if self.engine or self.decode:
+            lines.append("engine: " + (self.engine or "as named") + (" (one decode step, against our full "
+                                                                      "forward's last position)" if self.decode else ""))
         fd = self.first_divergence
         fl = self.first_local_divergence
         low = self.low_coverage
@@ -362,6 +385,8 @@ class DiffReport:
         v = self.verdict()
         if v and v != low:
             lines.append("  " + v)
+        if self.pattern:
+            lines.append(f"  pattern ({self.pattern['op']}): {self.pattern['pattern']}: {self.pattern['text']}")
         if not (fd is None and low):
             lines.append("  coverage: " + self.coverage_text()
                          + ("" if low is None else f" (under the {MIN_COVERAGE:.0%} needed to vouch for the rest)"))
@@ -398,11 +423,6 @@ class DiffReport:
                          + (f"{len(bad)} differ:" if bad else "all match"))
             for w in bad[:10]:
                 lines.append(f"  {w.name} (engine {w.engine_name!r}): {w.status}; " + "; ".join(w.reasons))
-        if self.unmatched_engine:
-            lines.append(f"engine tensors matching no op ({len(self.unmatched_engine)}): "
-                         + ", ".join(n + (f" (closest op: {self.suggestions[n]})" if n in self.suggestions else "")
-                                     for n in self.unmatched_engine[:20])
-                         + (" ..." if len(self.unmatched_engine) > 20 else ""))
         if self.unmatched_reference:
             lines.append(f"our ops with no engine tensor ({len(self.unmatched_reference)}): "
                          + ", ".join(self.unmatched_reference[:20])
@@ -483,7 +503,9 @@ def compare_arrays(reference: Mapping[str, Any], engine: Mapping[str, Any], orde
                    inputs: Mapping[str, Sequence[str]] | None = None, noise: Mapping[str, Any] | None = None,
                    noise_dtype: str | None = None, aligned: dict | None = None,
                    topk: Mapping[str, Iterable[str]] | None = None, tokens: int | None = None,
-                   empty_ok: bool = False) -> DiffReport:
+                   empty_ok: bool = False, known: Mapping[str, np.ndarray] | None = None,
+                   key_cut=None, notes: Mapping[str, str] | None = None,
+                   printed: dict | None = None) -> DiffReport:
     """Compare engine activations with ours.
 
     ``reference``: our activations by op name (every op of ``order`` that the engine may
@@ -501,6 +523,11 @@ def compare_arrays(reference: Mapping[str, Any], engine: Mapping[str, Any], orde
     ``[.., k, D]``).  Rows that select different experts are left as they are.
     ``tokens``: the number of input tokens, to profile the error per token position.
     ``empty_ok``: an empty ``engine`` is no error (its dump held only weights, compared apart).
+    ``known``: engine name -> bool mask of the elements the dump holds (llama.cpp's eval-callback
+    prints a corner of each tensor): the metrics cover those alone.  ``key_cut``: op -> whether
+    an engine key axis longer than ours (a padded KV cache) may be cut to ours
+    (engines.cut_keys); ``notes``: op -> a layout step an engine adapter took already;
+    ``printed``: a dict filled with the partial tensors in our layout, NaN where not printed.
     """
     tol = Tolerance.from_any(tolerance)
     rules = as_rules(rules)
@@ -519,8 +546,23 @@ def compare_arrays(reference: Mapping[str, Any], engine: Mapping[str, Any], orde
         eng = to_numpy(engine[en])
         od = OpDiff(op=name, engine_name=en, index=pos[name], layer=layer_of(name), status="ok",
                     shape=tuple(ref.shape), engine_shape=tuple(eng.shape))
+        k = None if known is None else known.get(en)
+        pre = [notes[name]] if notes and name in notes else []
         try:
-            eng, od.layout = reconcile(eng, ref.shape)
+            if key_cut is not None and key_cut(name):
+                from workbench.diff.engines import cut_keys
+
+                cut = cut_keys(eng, ref.shape, k)
+                if cut is not None:
+                    eng, k, note = cut
+                    pre.append(note)
+            if k is None:
+                eng, od.layout = reconcile(eng, ref.shape)
+            else:  # the same steps for the values and the mask: reconcile the element indices
+                idx, od.layout = reconcile(np.arange(eng.size, dtype=np.float64).reshape(eng.shape), ref.shape)
+                idx = idx.astype(np.int64)
+                eng, k = np.asarray(eng).reshape(-1)[idx], np.asarray(k).reshape(-1)[idx]
+            od.layout = "; ".join(x for x in pre + [od.layout] if x)
         except LayoutError as e:
             od.status = e.kind
             od.reasons = [str(e)]
@@ -537,14 +579,22 @@ def compare_arrays(reference: Mapping[str, Any], engine: Mapping[str, Any], orde
                 qq = q.reshape(q.shape + (1,) * (eng.ndim - q.ndim))
                 eng = np.take_along_axis(eng, np.broadcast_to(qq, q.shape + eng.shape[q.ndim:]), axis=q.ndim - 1)
                 od.layout = (od.layout + "; " if od.layout else "") + f"k axis in {src}'s order aligned to ours"
-        if aligned is not None:
+        if k is not None and not k.all():
+            od.layout = (od.layout + "; " if od.layout else "") + \
+                f"compared at the {int(k.sum())} of {k.size} elements the dump prints"
+            if printed is not None:
+                printed[name] = np.where(k, eng, np.nan)
+            ref, eng = ref[k], eng[k]
+        else:
+            k = None
+        if aligned is not None and k is None:
             aligned[name] = eng
         m = error_metrics(ref, eng, mask_below=tol.mask_below)
         od.cosine, od.nmse, od.max_abs, od.max_rel = m["cosine"], m["nmse"], m["max_abs"], m["max_rel"]
         od.nonfinite_ref, od.nonfinite_engine, od.masked = m["nonfinite_ref"], m["nonfinite_engine"], m["masked"]
         if m["nonfinite"]:
             od.finite = {k: m["finite"][k] for k in ("cosine", "nmse", "max_abs", "max_rel", "elements")}
-            od.nonfinite = nonfinite_where(ref, eng, tokens, tol.mask_below)
+            od.nonfinite = nonfinite_where(ref, eng, tokens if k is None else None, tol.mask_below)
         nm = None
         if noise is not None and name in noise:
             nz = to_numpy(noise[name])
@@ -555,7 +605,7 @@ def compare_arrays(reference: Mapping[str, Any], engine: Mapping[str, Any], orde
         od.reasons = diverged(m, tol, nm, noise_dtype)
         if od.nonfinite is not None:
             od.reasons.append(describe_nonfinite(od.nonfinite))
-        if tokens:
+        if tokens and k is None:
             prof = position_profile(ref, eng, tokens, tol.mask_below)
             od.position_error = None if prof is None else prof.astype(np.float32)
         od.status = "diverged" if od.reasons else "ok"

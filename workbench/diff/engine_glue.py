@@ -1,0 +1,138 @@
+"""What `diff --engine` adds to a comparison: the adapter, a decode step's rows, the pattern.
+
+Kept apart from api.py: :func:`adapt` renames an engine's tensors through an adapter
+(workbench/diff/engines), :func:`decode_rows` cuts our full forward to the decode
+position, :func:`finish` records on the report what the adapter did, :func:`pattern` names
+the first finding's pattern (workbench/diff/signature.py).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from workbench.diff.engines import Adapter, EngineError, load
+from workbench.diff.ggml_text import is_eval_callback_text, read_eval_callback  # noqa: F401 (re-exported)
+
+META_ENGINE = "workbench.engine"
+META_DECODE = "workbench.decode"
+META_ENGINE_DTYPE = "workbench.engine_dtype"
+#: the local limits of an engine that says it computed in float32 (one op's float32 rounding
+#: against MLX's is ~1e-13 nmse): a matmul accumulated in bfloat16 (~1e-4) is then found
+FLOAT32_LOCAL = {"local_max_nmse": 1e-6, "local_min_cosine": 1 - 1e-6}
+
+
+def engine_tolerance(tolerance, emeta: Mapping[str, str]):
+    """The tolerance to use: an engine whose dump says it computed in float32 is held locally
+    to float32 rounding (:data:`FLOAT32_LOCAL`) unless the local limits were set apart from
+    their defaults."""
+    import dataclasses
+
+    from workbench.diff.metrics import Tolerance
+
+    if emeta.get(META_ENGINE_DTYPE) != "float32":
+        return tolerance
+    tol = Tolerance.from_any(tolerance)
+    d = Tolerance()
+    if tol.local_max_nmse != d.local_max_nmse or tol.local_min_cosine != d.local_min_cosine:
+        return tol
+    return dataclasses.replace(tol, **FLOAT32_LOCAL)
+#: ops whose token axis is the third ([B, H, T, ...]); the rest have it second ([B, T, ...])
+HEADS_FIRST = ("q_heads", "k_heads", "v_heads", "q_rope", "k_rope", "q_norm", "k_norm", "v_norm", "scores", "softmax")
+
+
+def adapter_for(name: str | None, emeta: Mapping[str, str]) -> Adapter | None:
+    """The adapter asked for, else the one the dump's metadata names, else None."""
+    name = name or emeta.get(META_ENGINE) or None
+    if not name:
+        return None
+    try:
+        return load(name)
+    except EngineError:
+        if emeta.get(META_ENGINE) == name:
+            return None  # a dump naming an engine we have no adapter for: compared by its names
+        raise
+
+
+def _family_and_head_dim(model: Any) -> tuple[str | None, int | None]:
+    cfg = None
+    if isinstance(model, (str, os.PathLike)):
+        p = Path(model)
+        p = p if p.is_dir() else p.parent
+        try:
+            cfg = json.loads((p / "config.json").read_text())
+        except (OSError, ValueError):
+            return None, None
+    elif model is not None:
+        prog = getattr(model, "program", None)
+        hd = None
+        for op in getattr(prog, "ops", ()) or ():
+            if getattr(op, "attrs", None) and "head_dim" in op.attrs:
+                hd = int(op.attrs["head_dim"])
+                break
+        cfg = getattr(model, "config", None)
+        fam = getattr(model, "family", None)
+        mt = cfg.get("model_type") if isinstance(cfg, dict) else None
+        return (mt or (fam if isinstance(fam, str) else None)), hd
+    if not isinstance(cfg, dict):
+        return None, None
+    cfg = cfg.get("text_config", cfg) if "text_config" in cfg and "num_attention_heads" not in cfg else cfg
+    hd = cfg.get("head_dim") or (cfg.get("hidden_size", 0) // max(cfg.get("num_attention_heads", 1), 1) or None)
+    return cfg.get("model_type"), hd
+
+
+def adapt(adapter: Adapter | None, eng: dict, order: Sequence[str], model: Any, known):
+    """(engine tensors under our names, their printed-element masks, what the adapter did)."""
+    if adapter is None:
+        return eng, known, {}
+    family, head_dim = _family_and_head_dim(model)
+    out, info = adapter.apply(eng, order, family=family, head_dim=head_dim, known=known)
+    return out, (info["known"] if known is not None else None), info
+
+
+def decode_rows(values: Mapping[str, Any], heads: Sequence[str], T: int) -> dict:
+    """Our full forward's values cut to the row of position T - 1 (the decode step's token) on
+    every op with a token axis; the caches (all positions) and the head (lined up by
+    api.align_logits; ``heads``: their names) are left whole."""
+    from workbench.diff.report import to_numpy
+
+    heads = set(heads)
+    out = {}
+    for name, v in values.items():
+        leaf = name.rsplit(".", 1)[-1]
+        if name in heads or leaf.endswith("_cache"):
+            out[name] = v
+            continue
+        a = to_numpy(v)
+        axis = 2 if leaf in HEADS_FIRST else 1
+        out[name] = a[(slice(None),) * axis + (slice(T - 1, T),)] if a.ndim > axis and a.shape[axis] == T else a
+    return out
+
+
+def finish(report, adapter: Adapter | None, info: Mapping, decode: bool) -> None:
+    report.decode = bool(decode)
+    if adapter is None:
+        return
+    report.engine = adapter.name
+    names = info.get("engine_names", {})
+    for od in report.ops:
+        if od.op in names:
+            od.engine_name = names[od.op]
+    report.renamed = {**{en: op for op, en in names.items() if en != op}, **report.renamed}
+    dropped = info.get("dropped", {})
+    report.dropped_why = dict(dropped)
+    report.dropped = list(report.dropped) + [d for d in dropped if d not in report.dropped]
+    if report.engine_total is not None:
+        report.engine_total += len(dropped)
+
+
+def pattern(report, ref: Mapping[str, Any], aligned: Mapping[str, Any], model: Any, decode: bool):
+    from workbench.diff import signature
+
+    try:
+        return signature.read(report, ref, aligned, model=model, decode=decode)
+    except (ValueError, TypeError, FloatingPointError, IndexError):  # a reading, never a failure of the diff
+        return None

@@ -1,0 +1,141 @@
+"""Engine adapters: a real engine's tensor names and layouts -> our op names, as data.
+
+Each adapter is a JSON file here (``transformers.json``, ``llama_cpp.json``): rules matched
+against the whole engine name, first match wins, each naming the op (``\\1``: a group;
+``\\L1``: a group lowercased; ``""``: dropped on purpose, with ``why``), optionally only
+``when`` an op is in the reference's program or ``unless`` it is; plus layout notes the
+diff applies (llama.cpp's per-head Q/K row permutation, its padded key axis).
+
+>>> adapter = engines.load("transformers")
+>>> eng, info = adapter.apply(eng, order, family="llama", head_dim=16)
+
+``workbench diff PATH DUMP --engine transformers|llama.cpp`` applies one; a dump written by
+:func:`workbench.diff.torch_hooks` or read from llama-eval-callback's text names its engine
+itself, so ``--engine`` may be left out for them.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+#: adapter names the CLI accepts -> data file
+NAMES = {"transformers": "transformers.json", "torch": "transformers.json", "hf": "transformers.json",
+         "llama.cpp": "llama_cpp.json", "llama_cpp": "llama_cpp.json", "llamacpp": "llama_cpp.json",
+         "ggml": "llama_cpp.json"}
+_GROUP = re.compile(r"\\(L?)(\d)")
+
+
+class EngineError(ValueError):
+    """An unknown adapter name (unusable input)."""
+
+
+@dataclass
+class Adapter:
+    name: str
+    strip: str
+    rules: list[dict]
+    permuted: dict = field(default_factory=dict)
+    key_cut: str | None = None
+
+    def _expand(self, rep: str, m: re.Match) -> str:
+        return _GROUP.sub(lambda g: (m.group(int(g.group(2))) or "").lower() if g.group(1)
+                          else (m.group(int(g.group(2))) or ""), rep)
+
+    def op_for(self, name: str, ops: set) -> tuple[str | None, str | None]:
+        """(our op, why) for one engine name: an op name, "" (dropped: why says why), or None (no rule)."""
+        base = re.sub(self.strip, "", name, count=1) if self.strip else name
+        for r in self.rules:
+            m = r["_rx"].fullmatch(base)
+            if not m:
+                continue
+            if "when" in r and self._expand(r["when"], m) not in ops:
+                continue
+            if "unless" in r and self._expand(r["unless"], m) in ops:
+                continue
+            return self._expand(r["op"], m), r.get("why")
+        return None, None
+
+    def apply(self, eng: Mapping[str, np.ndarray], order: Sequence[str], family: str | None = None,
+              head_dim: int | None = None, known: Mapping[str, np.ndarray] | None = None):
+        """Rename ``eng``'s tensors to our ops (and put their layouts in ours where the adapter
+        says how).  Returns (the renamed mapping: op -> array, unmatched names kept as they are;
+        info): info["engine_names"] op -> engine name, info["dropped"] {engine name: why},
+        info["unmatched"] engine names no rule knows, info["known"] the printed-element masks
+        under the new names, info["notes"] op -> the layout step taken."""
+        ops = set(order)
+        out: dict = {}
+        info = {"engine_names": {}, "dropped": {}, "unmatched": [], "known": {}, "notes": {}}
+        perm_rx = re.compile(self.permuted["ops"]) if self.permuted and family in self.permuted.get("families", ()) else None
+        for en, v in eng.items():
+            op, why = self.op_for(en, ops)
+            if op is None or (op and op not in ops):
+                info["unmatched"].append(en)
+                out[en] = v
+                if known is not None and en in known:
+                    info["known"][en] = known[en]
+                continue
+            if op == "":
+                info["dropped"][en] = why or "no op of ours"
+                continue
+            if op in out:  # two engine tensors for one op: keep the first, say so
+                info["dropped"][en] = f"the same op as {info['engine_names'][op]!r} ({op})"
+                continue
+            k = None if known is None else known.get(en)
+            if perm_rx is not None and head_dim and perm_rx.match(op) and v.shape[-1] % head_dim == 0:
+                v = unpermute_rope_rows(v, head_dim)
+                k = None if k is None else unpermute_rope_rows(k, head_dim)
+                info["notes"][op] = f"rows put back from GGUF's per-head rope permutation (head_dim {head_dim})"
+            out[op] = v
+            if k is not None:
+                info["known"][op] = k
+            info["engine_names"][op] = en
+        return out, info
+
+    def cuts_keys(self, op: str) -> bool:
+        return bool(self.key_cut) and re.match(self.key_cut, op) is not None
+
+
+def unpermute_rope_rows(v: np.ndarray, head_dim: int) -> np.ndarray:
+    """Undo convert_hf_to_gguf's per-head permutation of Q/K rows (llama's interleaved rope):
+    GGUF row 2i+j of a head is HF row j*d/2+i."""
+    sh = v.shape
+    return np.ascontiguousarray(v.reshape(sh[:-1] + (-1, head_dim // 2, 2)).swapaxes(-1, -2).reshape(sh))
+
+
+def cut_keys(eng: np.ndarray, ref_shape, known: np.ndarray | None = None):
+    """An attention-probability tensor whose key axis holds the cache's n_kv (padded) cells:
+    the first S (ours), when the cells cut are all zero (never attended).  (array, known, note) or None."""
+    S = ref_shape[-1]
+    if eng.ndim < 1 or eng.shape[-1] <= S or eng.size // eng.shape[-1] != int(np.prod(ref_shape[:-1])):
+        return None
+    rest = eng[..., S:]
+    ok = rest[np.isfinite(rest)] if known is None else rest[known[..., S:] & np.isfinite(rest)]
+    if ok.size and np.abs(ok).max() > 1e-6:
+        return None
+    note = f"key axis cut from the engine's {eng.shape[-1]} cache cells to our {S} (the rest are 0)"
+    return eng[..., :S], (None if known is None else known[..., :S]), note
+
+
+def load(name: str) -> Adapter:
+    """The adapter called ``name`` (transformers, llama.cpp)."""
+    key = str(name).strip().lower()
+    if key not in NAMES:
+        raise EngineError(f"--engine {name!r}: no such engine adapter (known: transformers, llama.cpp)")
+    data = json.loads((HERE / NAMES[key]).read_text())
+    rules = []
+    for r in data["rules"]:
+        r = dict(r)
+        r["_rx"] = re.compile(r["match"])
+        rules.append(r)
+    return Adapter(name=data["engine"], strip=data.get("strip", ""), rules=rules,
+                   permuted=data.get("permuted_rope_rows") or {}, key_cut=data.get("key_axis_cut"))
+
+
+def known_engines() -> list[str]:
+    return ["transformers", "llama.cpp"]
