@@ -15,6 +15,13 @@ larger of itself and the standard deviation (the kernel sums 8 elements in float
 float64 with atomics, so the last bits depend on the order the blocks finish in, and a mean
 near 0 keeps the sums' error, not a relative one); ``--host`` checks the host path (numpy
 views, float32 BLAS sums: 1e-4) the same way.
+
+The kernel is the package's (``workbench/trace/stats/stats_kernel.cu``, loaded as text by
+``workbench.trace.stats.cuda``), reached three ways: straight (``cuda_parts`` /
+``cuda_finish``), through the dispatch (``stats.evaluate``: ``Pending`` on the CUDA path),
+and through a trace of ``assets/demo`` (``capture="stats"`` in bfloat16: every op's statistics
+from the kernel, folded per batch) held to the same trace with the host path
+(``WORKBENCH_STATS=host``): counts, min and max equal, the rest within 1e-4.
 """
 from __future__ import annotations
 
@@ -48,8 +55,8 @@ def reference(x: mx.array) -> dict:
         std = float(np.sqrt(max(float((v * v).mean()) - mean * mean, 0.0)))
         mn, mxv = float(v.min()), float(v.max())
         absmax = max(abs(mn), abs(mxv))
-    else:
-        mean = std = mn = mxv = absmax = float("nan")
+    else:  # no finite value: every summary None (workbench/stats_schema.py)
+        mean = std = mn = mxv = absmax = None
     head = math.inf if (pinf.any() or ninf.any()) else (absmax / dmax if dmax and v.size else None)
     return {"min": mn, "max": mxv, "mean": mean, "std": std, "absmax": absmax, "nan": int(nan.sum()),
             "posinf": int(pinf.sum()), "neginf": int(ninf.sum()), "zero_frac": float((a == 0).sum()) / n if n else None,
@@ -60,8 +67,6 @@ def close(a, b, exact: bool, tol: float, scale: float = 0.0) -> bool:
     """``a`` equals ``b`` (``exact``), else within ``tol`` of the larger of them and ``scale``."""
     if a is None or b is None:
         return a is None and b is None
-    if isinstance(a, float) and isinstance(b, float) and (math.isnan(a) or math.isnan(b)):
-        return math.isnan(a) and math.isnan(b)
     if exact:
         return a == b
     return abs(a - b) <= tol * max(abs(a), abs(b), scale, 1e-30) or (a == b)
@@ -97,7 +102,7 @@ def cases(big: int) -> dict:
         for mag in (1e18, 1e25, 3e38):
             out[f"float32 around {mag:g}"] = mx.array((rng.standard_normal(70_001) * mag).astype(np.float32))
     out["bfloat16 around 1e25"] = mx.array((rng.standard_normal(70_001) * 1e25).astype(np.float32)).astype(mx.bfloat16)
-    # many small outputs (a decoding step's): chunks of up to stats._K_MAX a kernel
+    # many small outputs (a decoding step's): chunks of up to cuda.K_MAX a kernel
     for i in range(300):
         dt = (mx.float32, mx.float16, mx.bfloat16)[i % 3]
         r = rng.standard_normal(17 + 37 * i).astype(np.float32)
@@ -122,30 +127,67 @@ def main(argv=None) -> int:
     mx.eval(list(arrs.values()))
     vals = [v for v in arrs.values()]
     if a.host:
-        got = stats.evaluate(vals, host=True)
+        ways = {"host path": stats.evaluate(vals, host=True)}
     else:
         parts, order = stats.cuda_parts(vals)
-        got = stats.cuda_finish([(v.size, v.dtype) for v in vals], parts, order)
-    tol = 1e-4 if a.host else 1e-6
+        ways = {"CUDA kernel": stats.cuda_finish([(v.size, v.dtype) for v in vals], parts, order),
+                "CUDA kernel through Pending": stats.evaluate(vals)}
+    bad = sum(compare(arrs, got, 1e-4 if a.host else 1e-6, way) for way, got in ways.items())
+    if not a.host:
+        bad += check_trace()
+    print(f"check_cuda_stats ({', '.join(ways)}{'' if a.host else ', a trace'}): {len(arrs)} arrays, "
+          f"{bad} mismatching")
+    return 1 if bad else 0
+
+
+def check_trace() -> int:
+    """A bfloat16 trace of assets/demo with statistics from the kernel, against the same trace
+    with the host path: the number of ops whose statistics differ (each printed)."""
+    import os
+
+    demo = Path(__file__).resolve().parent.parent / "assets" / "demo"
+    model = workbench.load(demo)
+    ids = [(5 * i + 2) % model.vocab_size for i in range(40)]
+    kern = workbench.trace(model, ids, capture="stats", dtype="bfloat16")
+    kern.run()
+    os.environ["WORKBENCH_STATS"] = "host"
+    try:
+        host = workbench.trace(model, ids, capture="stats", dtype="bfloat16")
+        host.run()
+    finally:
+        del os.environ["WORKBENCH_STATS"]
+    bad = 0
+    for name in kern.ops:
+        k, h = kern.stats(name), host.stats(name)
+        for key, w in h.items():
+            exact = key in ("nan", "posinf", "neginf", "masked", "min", "max", "absmax", "zero_frac")
+            if not close(k[key], w, exact, 1e-4, (h["std"] or 0.0) if key == "mean" else 0.0):
+                print(f"MISMATCH trace op {name}: {key} kernel {k[key]!r} host {w!r}")
+                bad += 1
+                break
+    return bad
+
+
+def compare(arrs: dict, got, tol: float, way: str) -> int:
+    """The number of arrays whose statistics ``got`` differ from :func:`reference` (each printed)."""
     bad = 0
     for (name, x), g in zip(arrs.items(), got):
         if x.size == 0:
-            if g != stats.finish(None, 0, x.dtype):
-                print(f"MISMATCH {name}: an empty array gave {g}")
+            if g != stats.empty_row():
+                print(f"MISMATCH {name} ({way}): an empty array gave {g}")
                 bad += 1
             continue
         want = reference(x)
         # a mean is held to the values' spread: its error is that of sums of elements of that
         # size (float32 sums of 8 in the kernel), whatever the mean itself (near 0 it cancels)
-        spread = want["std"] if math.isfinite(want["std"]) else 0.0
+        spread = want["std"] if want["std"] is not None else 0.0
         for k, w in want.items():
             if not close(g.get(k), w, k not in ("mean", "std", "zero_frac", "headroom"), tol,
                          spread if k == "mean" else 0.0):
-                print(f"MISMATCH {name}: {k} kernel {g.get(k)!r} numpy {w!r}")
+                print(f"MISMATCH {name} ({way}): {k} got {g.get(k)!r} numpy {w!r}")
                 bad += 1
                 break
-    print(f"check_cuda_stats ({'host path' if a.host else 'CUDA kernel'}): {len(arrs)} arrays, {bad} mismatching")
-    return 1 if bad else 0
+    return bad
 
 
 if __name__ == "__main__":

@@ -56,7 +56,10 @@ def test_dump_and_diff_find_a_planted_engine_divergence(model, ckpt, tmp_path):
     assert same.first_divergence is None
     # the widget over that report
     from workbench.widgets import DiffView
-    assert DiffView(rep) is not None
+    view = DiffView(rep)  # opened on the first divergence, its details printed below the curve
+    assert "first divergence: layers.1.self_attn.o_proj" in view.summary.value and not view.first.disabled
+    assert view.op.value == "layers.1.self_attn.o_proj" and len(view.plot.outputs) == 1
+    assert "layers.1.self_attn.o_proj (engine " in "".join(o.get("text", "") for o in view.detail.outputs)
     # the CLI: dump the reference, save the engine, diff them (exit 1: a divergence)
     out = tmp_path / "ref.safetensors"
     assert main(["dump", str(ckpt), "--ids", ",".join(map(str, IDS)), "--out", str(out)]) == 0

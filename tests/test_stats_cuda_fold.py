@@ -1,11 +1,12 @@
-"""The CUDA statistics kernel's host side: each output's 12-word slot (float64 sums, the max
+"""The CUDA statistics path's host side: each output's 12-word slot (float64 sums, the max
 and negated min as order-preserving keys, five counts; the blocks add into it with atomics)
-folds into the same stats dicts as the host path.
+folds into the same stats dicts as the host path; the plans, the chunks, the dispatch.
 
-The kernel itself runs only on MLX's CUDA backend (benchmarks/ and the H200 figures check it
-against the host path on every op); here a numpy model of the slots drives the fold, so a
-wrong combination (a count in the wrong word, min taken as max, a key decoded wrongly, the
-fill or the non-finite elements kept in the sums) fails on the CPU too."""
+The kernel itself (workbench/trace/stats/stats_kernel.cu) runs only on MLX's CUDA backend:
+``benchmarks/check_cuda_stats.py`` runs the real kernel on the device against float64 numpy.
+Here slots written by a numpy stand-in drive the fold, so a wrong combination (a count in the
+wrong word, min taken as max, a key decoded wrongly, the fill or the non-finite elements kept
+in the sums) fails on the CPU too; the stand-in checks nothing of the kernel itself."""
 import math
 
 import mlx.core as mx
@@ -13,6 +14,8 @@ import numpy as np
 import pytest
 
 from workbench.trace import stats as S
+from workbench.trace.stats import cuda, host
+from workbench.trace.stats.common import as_meta
 
 
 def _key(v: np.float32) -> int:
@@ -68,9 +71,9 @@ def test_fold_equals_host_path(dt):
     meta = [(v.size, v.dtype) for v in vals]
     # slots in the kernel's order (sorted by size), not the outputs' order
     order = sorted((i for i, v in enumerate(vals) if v.size), key=lambda i: vals[i].size)
-    out = S.fold_slots(meta, _words([vals[i] for i in order]), order)
+    out = cuda.fold_slots(meta, _words([vals[i] for i in order]), order)
     assert out[0]["nan"] == 3 and out[0]["posinf"] == 2 and out[0]["neginf"] == 1
-    assert out[2]["masked"] == 300 and math.isnan(out[2]["mean"])
+    assert out[2]["masked"] == 300 and out[2]["mean"] is None and out[2]["absmax"] is None
     assert out[5]["min"] == out[5]["max"] == -3.5  # a negative max and min through the keys
     _close(want, out)
 
@@ -79,9 +82,9 @@ def test_keys_keep_order():
     xs = np.array([-np.inf, -3e38, -1.5, -1e-30, -0.0, 0.0, 1e-30, 2.0, 3e38, np.inf], np.float32)
     keys = [_key(x) for x in xs]
     assert keys == sorted(keys) and min(keys) > 0  # 0 is "no value"
-    back = S._unkey(np.array(keys, np.uint32))
+    back = cuda.unkey(np.array(keys, np.uint32))
     assert np.array_equal(back, xs.astype(np.float64))
-    assert S._unkey(np.zeros(1, np.uint32))[0] == -np.inf
+    assert cuda.unkey(np.zeros(1, np.uint32))[0] == -np.inf
 
 
 def _close(want, out):
@@ -125,11 +128,27 @@ def _rows_case(rng, n):
     return zeros, fill, nan, pinf, ninf, lo, hi, s, ss
 
 
+def _finish_one(n, dmax, zeros, fill, nan, pinf, ninf, lo, hi, s, ss) -> dict:
+    """The statistics of one output's partials, by the schema's definitions, in plain Python."""
+    if n == 0:
+        return S.empty_row()
+    c = n - nan - pinf - ninf - fill
+    if c > 0:
+        mean = s / c
+        summ = dict(min=lo, max=hi, mean=mean, std=math.sqrt(max(ss / c - mean * mean, 0.0)),
+                    absmax=max(abs(lo), abs(hi)))
+    else:
+        summ = dict.fromkeys(("min", "max", "mean", "std", "absmax"))
+    head = math.inf if pinf or ninf else (None if dmax is None or summ["absmax"] is None else summ["absmax"] / dmax)
+    return {**summ, "nan": nan, "posinf": pinf, "neginf": ninf, "zero_frac": zeros / n, "headroom": head,
+            "masked": fill}
+
+
 @pytest.mark.parametrize("dt", [mx.float32, mx.bfloat16, mx.float16, mx.int32])
-def test_finish_many_equals_finish(dt):
-    # the column-wise finish gives, row for row, what the one-output finish gives: including
-    # rows with no finite element, infinities (headroom inf), no dtype max (headroom None),
-    # magnitudes past the dtype's max, and empty outputs
+def test_finish_follows_the_schema_row_by_row(dt):
+    # the one finishing arithmetic (on columns) gives each row what the schema's definitions
+    # give it: rows with no finite element (every summary None), infinities (headroom inf), no
+    # dtype max (headroom None), magnitudes past the dtype's max, and empty outputs
     rng = np.random.default_rng(7)
     meta, rows = [], []
     for i in range(300):
@@ -143,18 +162,16 @@ def test_finish_many_equals_finish(dt):
     cnt = np.array([r[:5] for r in rows], np.int64)
     lo = np.array([r[5] for r in rows]); hi = np.array([r[6] for r in rows])
     sums = np.array([r[7:9] for r in rows])
-    got = S.finish_many(meta, hi, lo, sums, cnt)
+    got = S.finish(meta, hi, lo, sums, cnt)
+    assert len(got) == 300 and got[0] == S.empty_row() and got[7]["mean"] is None and got[7]["min"] is None
     for (n, _), r, g in zip(meta, rows, got):
-        zeros, fill, nan, pinf, ninf, l, h, s, ss = r
-        e = np.array([nan, pinf, ninf, l, h, s, ss, fill], np.float64)
-        want = S.finish(np.array([0, 0, 0, 0, zeros], np.float64) if n else None, n, dt, e)
-        assert list(g) == list(want)
+        want = _finish_one(n, S.dtype_max(dt), *r)
+        assert list(g) == list(want) == list(S.KEYS)
         for k in want:
             a, b = want[k], g[k]
-            assert type(a) is type(b) or (a is None) == (b is None), (k, a, b)
-            if isinstance(a, float) and math.isnan(a):
-                assert math.isnan(b), (k, a, b)
-            else:
+            assert (a is None) == (b is None), (k, a, b)
+            if a is not None:
+                assert type(a) is type(b) or isinstance(a, float), (k, a, b)
                 assert a == b or a == pytest.approx(b, rel=1e-12), (k, a, b)
 
 
@@ -177,31 +194,20 @@ def test_cuda_switch_is_read_strictly(monkeypatch):
         S.on_cuda()
 
 
-def test_kernel_fill_constants_are_each_dtypes_lowest_value():
-    # the kernel names mask fill by literal constants (a template takes no float): each must be
-    # the lowest finite value of the dtype _FILL_KIND maps to it, as dtype_max says on the host
-    import re
-
-    line = next(l for l in S._CUDA_BODY.splitlines() if "const float fv = FK == 0" in l)
-    consts = [float(np.float32(c)) for c in re.findall(r"(-[0-9.e+]+)f", line)]
-    assert len(consts) == 3
-    for dt, k in S._FILL_KIND.items():
-        assert consts[k] == -S.dtype_max(dt), (dt, consts[k])
-
-
-def test_kernel_fast_path_threshold_catches_fill_and_non_finite():
-    # wb_vec sums 8 elements in float32 unless one is at or past the threshold ``th``; the
-    # element path is what counts fill, NaN and Inf, so for every dtype the fill's magnitude
-    # and Inf must reach the threshold, and the sum of 8 values below it must stay finite
-    import re
-
-    line = next(l for l in S._CUDA_BODY.splitlines() if "const float th = FK == 1" in l)
-    th_f16, th_other = (float(np.float32(c)) for c in re.findall(r"\? ([0-9.e+]+)f : ([0-9.e+]+)f", line)[0])
-    for dt, k in S._FILL_KIND.items():
-        th = th_f16 if k == 1 else th_other
-        assert S.dtype_max(dt) >= th, (dt, th)  # fill, -dtype_max, goes the element path
-        assert 8 * th * th < np.finfo(np.float32).max, (dt, th)  # a float32 sum of squares of 8 stays finite
-    assert S._FILL_KIND[mx.float16] == 1 and list(S._FILL_KIND.values()).count(1) == 1
+def test_kernel_constants_come_from_the_dtype_facts():
+    # the kernel names mask fill and its fast path's thresholds by constants (a template takes
+    # no float): each dtype's fill is its lowest finite value as the host says, its threshold
+    # catches the fill and Inf (the element path counts them), and a float32 sum of squares of
+    # 8 values below it stays finite; the kernel's text holds none of them as literals
+    consts = cuda.kernel_constants()
+    assert set(consts) == set(cuda.FILL_KIND) == {mx.float32, mx.float16, mx.bfloat16}
+    for dt, (fill, th) in consts.items():
+        assert fill == -S.dtype_max(dt) == -float(mx.finfo(dt).max), dt
+        assert -fill >= th and 8 * th * th < np.finfo(np.float32).max, (dt, th)
+    header, body = cuda.kernel_source()
+    for name in ("WB_FILL_F32", "WB_FILL_F16", "WB_FILL_BF16", "WB_TH_F16", "WB_TH_WIDE"):
+        assert header.count(f"#define {name} (") == 1 and name in body
+    assert "65504" not in body and "e38" not in body and "@CASES@" in body
 
 
 def test_the_gpu_check_script_holds_the_host_path_to_its_reference(capsys):
@@ -219,6 +225,7 @@ def test_the_gpu_check_script_holds_the_host_path_to_its_reference(capsys):
     assert "0 mismatching" in capsys.readouterr().out
     if not S.on_cuda():
         assert mod.main([]) == 2
+        assert mod.check_trace() == 0  # (its trace comparison runs here with the host path on both sides)
     # a reference that counted fill as finite would be caught
     x = mx.array([1.0, -S.dtype_max(mx.float32), 2.0])
     r = mod.reference(x)
@@ -226,23 +233,23 @@ def test_the_gpu_check_script_holds_the_host_path_to_its_reference(capsys):
 
 
 @pytest.mark.parametrize("sizes", [
-    [], [5], [1] * 300, [10] * 129 + [S._SMALL + 1] * 70, [S._SMALL] * 3 + [10**7] * 33,
-    sorted([1, 17, S._SMALL, S._SMALL + 1, 2**24] * 40),
+    [], [5], [1] * 300, [10] * 129 + [host.SMALL + 1] * 70, [host.SMALL] * 3 + [10**7] * 33,
+    sorted([1, 17, host.SMALL, host.SMALL + 1, 2**24] * 40),
 ])
 def test_chunks_cover_every_output_once_within_the_kernel_limits(sizes):
-    bounds = S.chunk_bounds(sizes)
+    bounds = cuda.chunk_bounds(sizes)
     covered = [i for lo, hi in bounds for i in range(lo, hi)]
     assert covered == list(range(len(sizes)))
     for k, (lo, hi) in enumerate(bounds):
         chunk = sizes[lo:hi]
-        assert S._K_MAX >= len(chunk) > 0
-        if len(chunk) > S._K:  # past 32 outputs only while the elements stay within the limit
-            assert sum(chunk) <= S._CHUNK_ELEMS
+        assert cuda.K_MAX >= len(chunk) > 0
+        if len(chunk) > cuda.K:  # past 32 outputs only while the elements stay within the limit
+            assert sum(chunk) <= cuda.CHUNK_ELEMS
         if hi < len(sizes):  # a chunk ends at the count limit, or where the next would pass the elements'
-            assert len(chunk) == S._K_MAX or (len(chunk) >= S._K and sum(chunk) + sizes[hi] > S._CHUNK_ELEMS)
+            assert len(chunk) == cuda.K_MAX or (len(chunk) >= cuda.K and sum(chunk) + sizes[hi] > cuda.CHUNK_ELEMS)
     # a decoding step's small outputs fill their kernels; 4096-token ones (6M elements) keep 32
-    assert [hi - lo for lo, hi in S.chunk_bounds([2048] * 300)] == [128, 128, 44]
-    assert [hi - lo for lo, hi in S.chunk_bounds([6 << 20] * 70)] == [32, 32, 6]
+    assert [hi - lo for lo, hi in cuda.chunk_bounds([2048] * 300)] == [128, 128, 44]
+    assert [hi - lo for lo, hi in cuda.chunk_bounds([6 << 20] * 70)] == [32, 32, 6]
 
 
 def test_rows_make_each_dict_once_and_views_share_them():
@@ -250,35 +257,34 @@ def test_rows_make_each_dict_once_and_views_share_them():
     mx.eval(vals)
     meta = [(v.size, v.dtype) for v in vals]
     order = [i for i, v in enumerate(vals) if v.size]
-    rows = S.fold_slots(meta, _words([vals[i] for i in order]), order)
+    rows = cuda.fold_slots(meta, _words([vals[i] for i in order]), order)
     assert isinstance(rows, S.Rows) and len(rows) == len(vals)
     _close(S.evaluate(vals, host=True), list(rows))
     assert rows[1] is rows[1] and rows[-1] is rows[len(vals) - 1]
     view = rows.view(2, 3)
     assert len(view) == 3 and view[0] is rows[2] and view[2] is rows[4] and view[1:] == [rows[3], rows[4]]
-    assert rows[4] == S.finish(None, 0, mx.float32)  # the empty output
+    assert rows[4] == S.empty_row()  # the empty output
     with pytest.raises(IndexError):
         view[3]
 
 
-def test_steps_take_their_rows_when_first_read():
-    """A trace's CUDA-made batch: wait_for_stats hands each step its row; the dict is the
-    folded one, made on first read, and setting stats afterwards replaces it."""
+def test_steps_take_their_rows_when_first_read(monkeypatch):
+    """A trace whose statistics take the CUDA path (the slots written by the stand-in): each
+    step gets its row of the folded batch, the dict made on first read, and setting stats
+    afterwards replaces it."""
     from workbench.program import Op, Program
     from workbench.trace import Trace
-    from workbench.trace.tracer import wait_for_stats
 
-    vals = _vals(mx.bfloat16)
-    vals = [v for v in vals if v.size]
+    monkeypatch.setattr(cuda, "kernel", _fake_kernel)
+    monkeypatch.setattr(cuda, "PLANS", {})
+    monkeypatch.setattr(cuda, "on_cuda", lambda: True)
+    monkeypatch.setenv("WORKBENCH_STATS", "device")
+    vals = [v for v in _vals(mx.bfloat16) if v.size]
     mx.eval(vals)
     ops = [Op(f"v{i}", "const", (lambda v: lambda c, x: v)(v), ("x",)) for i, v in enumerate(vals)]
-    t = Trace(Program(ops, inputs=("x",)), None, {"x": mx.zeros(1)}, capture=None)
+    t = Trace(Program(ops, inputs=("x",)), None, {"x": mx.zeros(1)}, capture="stats")
     t.run()
-    meta = [(v.size, v.dtype) for v in vals]
-    order = list(range(len(vals)))[::-1]
-    parts = [mx.array(_words([vals[i] for i in order]))]
-    t._inflight.append((0, len(vals), S.Pending.slots(meta, parts, order)))
-    wait_for_stats([t])
+    assert len(cuda.PLANS) == 1  # the batch went through the (stand-in) kernel
     want = S.evaluate(vals, host=True)
     steps = t.steps
     _close(want, [s.stats for s in steps])
@@ -291,9 +297,9 @@ def _fake_kernel(k):
     """A numpy model of the CUDA kernel (its slots, :func:`_words`), checking what
     cuda_parts hands it: k inputs of one float dtype, each of rank >= 1, the template's T."""
     def run(inputs, template, grid, threadgroup, output_shapes, output_dtypes, init_value):
-        assert len(inputs) == k and grid[1] == k and output_shapes == [(k * S._SLOT,)]
-        assert {x.dtype for x in inputs} == {dict(template)["T"]} and dict(template)["T"] in S._FILL_KIND
-        assert all(x.ndim >= 1 for x in inputs) and grid[0] % S._THREADS == 0
+        assert len(inputs) == k and grid[1] == k and output_shapes == [(k * cuda.SLOT,)]
+        assert {x.dtype for x in inputs} == {dict(template)["T"]} and dict(template)["T"] in cuda.FILL_KIND
+        assert all(x.ndim >= 1 for x in inputs) and grid[0] % cuda.THREADS == 0
         return [mx.array(_words(inputs))]
     return run
 
@@ -317,36 +323,36 @@ def test_cuda_parts_plans_are_shared_across_decoding_steps(monkeypatch):
     """cuda_parts through a fake kernel: every output's stats equal the host path's, and a
     decoding loop's steps, whose KV-cache outputs grow by a token, reuse one grouping plan
     (made once per dtypes, ranks and sizes' power of two), with each step's exact sizes."""
-    monkeypatch.setattr(S, "_cuda_kernel", _fake_kernel)
-    monkeypatch.setattr(S, "_PLANS", {})
+    monkeypatch.setattr(cuda, "kernel", _fake_kernel)
+    monkeypatch.setattr(cuda, "PLANS", {})
     rng = np.random.default_rng(3)
     plans = []
     for cache in (40, 41, 63, 64):  # 64 x 16 x 4 elements: another power of two, another plan
         vals = _decoding_outputs(rng, cache)
         mx.eval(vals)
-        plan, meta = S.cuda_plan(vals)
-        want = S.as_meta([(v.size, v.dtype) for v in vals])
+        plan, meta = cuda.cuda_plan(vals)
+        want = as_meta([(v.size, v.dtype) for v in vals])
         assert meta.sizes.tolist() == want.sizes.tolist() and np.array_equal(meta.dmax, want.dmax, equal_nan=True)
         assert np.isnan(meta.dmax[300]) and meta.dmax[0] == S.dtype_max(mx.bfloat16)  # int32: no float max
         # what a trace passes (its recorded shapes and dtypes) gives the same plan and sizes
-        plan2, meta2 = S.cuda_plan(vals, [v.shape for v in vals], [v.dtype for v in vals])
+        plan2, meta2 = cuda.cuda_plan(vals, [v.shape for v in vals], [v.dtype for v in vals])
         assert plan2 is plan and meta2.sizes.tolist() == want.sizes.tolist()
         parts, order = S.cuda_parts(vals, plan)
         assert sorted(order) == [i for i, v in enumerate(vals) if v.size] and len(parts) == len(plan.kernels)
-        _close(S.evaluate(vals, host=True), list(S.fold_slots(meta, np.concatenate([np.array(p) for p in parts]),
+        _close(S.evaluate(vals, host=True), list(cuda.fold_slots(meta, np.concatenate([np.array(p) for p in parts]),
                                                               order)))
         plans.append(plan)
-    assert plans[0] is plans[1] is plans[2] and plans[3] is not plans[0] and len(S._PLANS) == 2
+    assert plans[0] is plans[1] is plans[2] and plans[3] is not plans[0] and len(cuda.PLANS) == 2
     assert plans[0].cast == [300] and plans[0].flat == [301]
     assert S.cuda_parts(vals)[1] == plans[3].order  # no plan given: looked up
 
 
 def test_cuda_plan_table_is_bounded(monkeypatch):
-    monkeypatch.setattr(S, "_PLANS", {})
+    monkeypatch.setattr(cuda, "PLANS", {})
     x = mx.zeros((2,))
-    for n in range(S._PLANS_MAX + 5):  # batches of n + 1 outputs: a signature each
-        S.cuda_plan([x] * (n + 1))
-    assert len(S._PLANS) == 5  # emptied once full
+    for n in range(cuda.PLANS_MAX + 5):  # batches of n + 1 outputs: a signature each
+        cuda.cuda_plan([x] * (n + 1))
+    assert len(cuda.PLANS) == 5  # emptied once full
 
 
 def test_a_trace_on_the_cuda_path_gives_the_host_paths_stats(monkeypatch, tmp_path):
@@ -358,12 +364,12 @@ def test_a_trace_on_the_cuda_path_gives_the_host_paths_stats(monkeypatch, tmp_pa
 
     m = workbench.load(zoo.build("gemma4_text", tmp_path / "g4", dtype="float32"))
     want = workbench.generate(m, [2, 15, 16], max_tokens=4, capture="stats")
-    monkeypatch.setattr(S, "_cuda_kernel", _fake_kernel)
-    monkeypatch.setattr(S, "_PLANS", {})
-    monkeypatch.setattr(S, "on_cuda", lambda: True)
+    monkeypatch.setattr(cuda, "kernel", _fake_kernel)
+    monkeypatch.setattr(cuda, "PLANS", {})
+    monkeypatch.setattr(cuda, "on_cuda", lambda: True)
     monkeypatch.setenv("WORKBENCH_STATS", "device")
     got = workbench.generate(m, [2, 15, 16], max_tokens=4, capture="stats")
-    assert got.tokens == want.tokens and len(S._PLANS) == 2  # the prompt's plan, and the decoding steps' one
+    assert got.tokens == want.tokens and len(cuda.PLANS) == 2  # the prompt's plan, and the decoding steps' one
     for tw, tg in zip(want.traces, got.traces):
         sw, sg = tw.steps, tg.steps
         assert [s.name for s in sw] == [s.name for s in sg]

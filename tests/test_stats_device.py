@@ -12,6 +12,7 @@ import workbench
 import mlx.core as mx
 
 from workbench.trace import stats as S
+from workbench.trace.stats import device, host, pending
 
 DEMO = Path(__file__).resolve().parents[1] / "assets" / "demo"
 
@@ -41,7 +42,7 @@ def test_device_statistics_match_numpy(dtype, n):
         bad[1], bad[3], bad[5] = np.nan, np.inf, -np.inf
         variants += [masked, bad]
     vals = [mx.array(v).astype(dtype) for v in variants]
-    got = S.device_stats(vals)
+    got = device.device_stats(vals)
     for v, st in zip(vals, got):
         ref = _ref(np.array(v.astype(mx.float32)), dtype)
         for k in ("nan", "posinf", "neginf", "masked"):
@@ -58,8 +59,8 @@ def test_all_masked_and_integer_outputs():
     dt = mx.float16
     allfill = mx.full((4, 256), -S.dtype_max(dt), dt)
     ints = mx.array([3, 0, -2, 0], mx.int32)
-    a, b = S.device_stats([allfill, ints])
-    assert a["masked"] == 1024 and a["nan"] == 0 and math.isnan(a["mean"])
+    a, b = device.device_stats([allfill, ints])
+    assert a["masked"] == 1024 and a["nan"] == 0 and a["mean"] is None and a["absmax"] is None
     assert (b["min"], b["max"], b["zero_frac"], b["headroom"]) == (-2, 3, 0.5, None)
 
 
@@ -91,7 +92,7 @@ def test_device_path_trace_is_one_evaluation_and_agrees_with_host(monkeypatch):
 
 
 def test_large_outputs_are_reduced_in_pieces(monkeypatch):
-    monkeypatch.setattr(S, "_CHUNK", 1000)
+    monkeypatch.setattr(device, "CHUNK", 1000)
     rng = np.random.default_rng(5)
     a = (rng.standard_normal((3, 1001)) * 7).astype(np.float32)  # 3003 elements: 7 pieces of 429
     a[0, :5] = 0
@@ -99,7 +100,7 @@ def test_large_outputs_are_reduced_in_pieces(monkeypatch):
     b = a.copy()
     b[1, 2] = np.nan
     vals = [mx.array(a).astype(mx.float16), mx.array(b).astype(mx.float16), mx.array(a[:1, :900])]
-    got = S.device_stats(vals)
+    got = device.device_stats(vals)
     for v, st in zip(vals, got):
         ref = _ref(np.array(v.astype(mx.float32)), v.dtype)
         for k in ("nan", "posinf", "neginf", "masked", "zero_frac", "min", "max"):
@@ -116,13 +117,17 @@ def test_host_statistics_thread_calls_no_mlx(monkeypatch):
     caller = threading.current_thread()
     used = []
 
-    class WatchedMLX:  # stats.py's ``mx``, noting every name looked up off the calling thread
+    class WatchedMLX:  # the dispatch's and common's ``mx``, noting every name looked up off the calling thread
         def __getattr__(self, name):
             if threading.current_thread() is not caller:
                 used.append((threading.current_thread().name, name))
             return getattr(mx, name)
 
-    monkeypatch.setattr(S, "mx", WatchedMLX())
+    from workbench.trace.stats import common
+
+    assert not hasattr(host, "mx")  # the host backend (the thread's code) has no MLX at all
+    monkeypatch.setattr(pending, "mx", WatchedMLX())
+    monkeypatch.setattr(common, "mx", WatchedMLX())
     rng = np.random.default_rng(3)
     a = (rng.standard_normal((8, 300)) * 5).astype(np.float32)
     a[1, 2], a[3, 4] = np.nan, -np.inf
@@ -130,11 +135,11 @@ def test_host_statistics_thread_calls_no_mlx(monkeypatch):
     vals.append(mx.array(rng.integers(-3, 3, 500), mx.int32))
     p = S.Pending(vals, background=True, host=True)
     got = p.result()
-    assert S.pool().submit(threading.current_thread).result() is not caller  # a thread of its own
+    assert pending.pool().submit(threading.current_thread).result() is not caller  # a thread of its own
     assert used == []
     deferred = S.Pending(vals, background=True, host=True, defer=True)  # a decoding loop's: queued,
     deferred.start()  # reduced once started
-    assert deferred.result() == got and used == []
+    assert list(deferred.result()) == list(got) and used == []
     for v, st in zip(vals, got):
         h = np.array(v.astype(mx.float32)) if v.dtype != mx.int32 else np.array(v).astype(np.float64)
         ref = _ref(h, v.dtype) if v.dtype != mx.int32 else None
@@ -171,11 +176,12 @@ def test_arrays_of_another_thread_fail_with_a_reason():
 
 @pytest.mark.parametrize("run", [None, 1000])
 def test_small_outputs_reduced_together_equal_one_by_one(run, monkeypatch):
-    """host_stats_many (a decoding step's hundreds of one-token outputs in a few numpy calls)
-    gives each output the dicts host_stats gives it: NaN / Inf / mask fill / zeros, three
-    dtypes, an empty output and one above the size that is reduced together."""
+    """host_stats_many reduces a decoding step's hundreds of one-token outputs together (a few
+    numpy calls); each output gets what it gets reduced on its own (SMALL = 0): NaN / Inf /
+    mask fill / zeros, three dtypes, an empty output and ones above the size reduced together."""
     if run is not None:  # runs of 1000 elements: the small outputs split into many runs (one of
-        monkeypatch.setattr(S, "_RUN", run)  # 2048 alone in its own), the large ones into pieces
+        monkeypatch.setattr(host, "RUN", run)  # 2048 alone in its own), the large ones into pieces
+    small = host.SMALL
     rng = np.random.default_rng(3)
     vals = []
     for dt in (mx.float32, mx.bfloat16, mx.float16):
@@ -188,10 +194,10 @@ def test_small_outputs_reduced_together_equal_one_by_one(run, monkeypatch):
         vals.append(mx.array(b).astype(dt))
         vals.append(mx.full((64,), -S.dtype_max(dt), dt))  # all mask fill
         vals.append(mx.zeros((0,), dt))
-    vals.append(mx.array(rng.standard_normal(S._SMALL + 7).astype(np.float32)))  # reduced on its own
-    for dt in (mx.bfloat16, mx.float16):  # above _SMALL, NaN and -Inf in a later piece
-        c = (rng.standard_normal(S._SMALL + 3001) * 5).astype(np.float32)
-        c[S._SMALL + 2500] = np.nan
+    vals.append(mx.array(rng.standard_normal(small + 7).astype(np.float32)))  # reduced on its own
+    for dt in (mx.bfloat16, mx.float16):  # above SMALL, NaN and -Inf in a later piece
+        c = (rng.standard_normal(small + 3001) * 5).astype(np.float32)
+        c[small + 2500] = np.nan
         c[-1] = -np.inf
         vals.append(mx.array(c).astype(dt))
     mx.eval(vals)
@@ -199,12 +205,14 @@ def test_small_outputs_reduced_together_equal_one_by_one(run, monkeypatch):
     mx.eval(views)
     jobs = [(np.asarray(w).reshape(-1), v.dtype == mx.bfloat16, S.dtype_max(v.dtype), v.size)
             for v, w in zip(vals, views)]
-    many = S.host_stats_many(jobs)
-    one = [S.host_stats(*j) for j in jobs]
+    many = list(host.host_stats_many(jobs))
+    monkeypatch.setattr(host, "SMALL", 0)
+    one = list(host.host_stats_many(jobs))
     assert many[4]["nan"] == 2 and many[4]["posinf"] == 1 and many[5]["masked"] == 64
+    assert many[5]["mean"] is None and many[6] == S.empty_row()
     assert many[-1]["nan"] == 1 and many[-1]["neginf"] == 1 and many[-2]["nan"] == 1
     for v, a, b in zip(vals, one, many):
-        assert set(a) == set(b)
+        assert set(a) == set(b) == set(S.KEYS)
         for k in ("nan", "posinf", "neginf", "masked", "zero_frac", "headroom"):
             assert b[k] == (pytest.approx(a[k], rel=1e-6) if isinstance(a[k], float) else a[k]), (k, a[k], b[k])
         if not v.size or b["masked"] == v.size or b["nan"]:

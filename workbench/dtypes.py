@@ -1,22 +1,46 @@
-"""Compute dtypes by name: one parser and one printer for every module."""
+"""Compute dtypes by name (one parser and one printer for every module), and the float facts
+written once: float16's and bfloat16's largest finite values and the bfloat16 -> float32
+conversion on the host.
+
+MLX is imported only when a dtype is parsed, so the checkpoint reader (numpy only) can take
+the float facts without pulling in MLX.
+"""
 from __future__ import annotations
 
-import mlx.core as mx
+import numpy as np
 
-DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
+#: float16's largest finite value (its lowest is -FP16_MAX: attention's mask fill in float16)
+FP16_MAX = 65504.0
+#: bfloat16's largest finite value (float32's exponent range, 8 bits of mantissa)
+BF16_MAX = 3.3895313892515355e38
+
+_NAMES = ("float32", "bfloat16", "float16")
 _ALIASES = {"fp32": "float32", "f32": "float32", "bf16": "bfloat16", "fp16": "float16", "f16": "float16",
             "half": "float16"}
 
 
-def parse_dtype(dtype) -> mx.Dtype | None:
+def bf16_to_f32(bits: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """The float32 values of bfloat16 ``bits`` (a uint16 array): each shifted into the high
+    half of a float32, bit-exactly.  ``out``: a float32 (or uint32) array of ``bits.size``
+    elements to write them into (else a new one); returns the float32 values, flat when
+    ``out`` is given, else of ``bits``' shape."""
+    if out is None:
+        return (np.asarray(bits, np.uint16).astype(np.uint32) << 16).view(np.float32)
+    np.left_shift(bits, 16, out=out.view(np.uint32), dtype=np.uint32)
+    return out.view(np.float32)
+
+
+def parse_dtype(dtype):
     """None, an ``mx.Dtype``, or a name (``"float16"``, ``"bf16"``, ``"mlx.core.float32"``)."""
+    import mlx.core as mx
+
     if dtype is None or isinstance(dtype, mx.Dtype):
         return dtype
     key = dtype_name(dtype)
     key = _ALIASES.get(key, key)
-    if key not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
-    return DTYPES[key]
+    if key not in _NAMES:
+        raise ValueError(f"unknown dtype {dtype!r}: use one of {', '.join(_NAMES)}")
+    return getattr(mx, key)
 
 
 def dtype_name(dtype) -> str:

@@ -185,23 +185,37 @@ def name_matches(name: str, pattern: str) -> bool:
 
 
 def execute(program: Program, ctx: Any, feeds: Mapping[str, mx.array],
-            keep: Callable[[str], bool] | None = None) -> dict[str, mx.array]:
-    """Run a whole program lazily (no evaluation), freeing values after their last use.
+            keep: Callable[[str], bool] | None = None, *, stop: int | None = None,
+            apply: Callable[[Op, mx.array], mx.array] | None = None,
+            after: Callable[[int, dict], None] | None = None) -> dict[str, mx.array]:
+    """Run a program lazily (no evaluation), freeing values after their last use: the one
+    plain executor (the uncaptured fast path; replay and recomputation run through it too,
+    :mod:`workbench.trace.replay`; the Trace adds stepping and capture on top).
 
-    Returns the values of ops for which ``keep(name)`` is true, plus ``logits``.
-    This is the uncaptured fast path; the Trace adds stepping and capture on top.
+    Returns the values of ops for which ``keep(name)`` is true, plus the last op run's
+    (``logits`` for a whole program).  ``stop``: run ops ``0 .. stop - 1`` only; ``apply``:
+    ``f(op, out) -> out`` on every op's output (interventions); ``after``: ``f(i, env)``
+    once op ``i`` ran and its inputs read for the last time were freed (``env``: the live
+    values by name; a streamed model evaluates them at its segment ends).
     """
     env: dict[str, mx.array] = dict(feeds)
-    last = program.last_use()
+    plan = program.exec_plan()
+    ops = program.ops
     kept: dict[str, mx.array] = {}
-    for i, op in enumerate(program.ops):
-        out = op.fn(ctx, *[env[s] for s in op.inputs])
-        env[op.name] = out
-        if keep is not None and keep(op.name):
-            kept[op.name] = out
-        for s in op.inputs:
-            if last.get(s) == i and s not in feeds:
-                env.pop(s, None)
-    last_op = program.ops[-1].name
-    kept[last_op] = env[last_op]
+    n = len(plan) if stop is None else stop
+    for i in range(n):
+        name, fn, inputs, frees = plan[i]
+        out = fn(ctx, *[env[s] for s in inputs])
+        if apply is not None:
+            out = apply(ops[i], out)
+        env[name] = out
+        if keep is not None and keep(name):
+            kept[name] = out
+        for s in frees:
+            env.pop(s, None)
+        if after is not None:
+            after(i, env)
+    if n:
+        last = plan[n - 1][0]
+        kept[last] = env[last]
     return kept

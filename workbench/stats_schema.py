@@ -10,7 +10,9 @@ Every statistics dict holds :data:`COMMON`; a trace's adds ``headroom`` and ``ma
 """
 from __future__ import annotations
 
-#: summaries of the finite values (None when a tensor holds no finite value)
+#: summaries of the finite values: None when a tensor holds no finite value (every element
+#: NaN, +-Inf or mask fill, or none at all), in a trace, a checkpoint scan and JSON alike
+#: (:func:`row`); never NaN, which JSON cannot hold and which compares False silently
 SUMMARY = ("min", "max", "mean", "std", "absmax")
 #: per-element counts of the non-finite values
 NONFINITE = ("nan", "posinf", "neginf")
@@ -36,6 +38,21 @@ MEANING = {
     "masked": "elements equal to the dtype's lowest finite value (attention mask fill), left out of the others",
     "count": "number of elements",
 }
+
+
+def row(finite: bool, min, max, mean, std, absmax, nan: int, posinf: int, neginf: int, zero_frac,
+        **extra) -> dict:
+    """The one statistics dict: :data:`COMMON` in display order, then ``extra`` (a trace's
+    ``headroom`` and ``masked``, a checkpoint scan's ``count``).  ``finite``: whether any
+    element was finite (and not mask fill); without one, every :data:`SUMMARY` value is None
+    whatever was passed for it."""
+    if not finite:
+        min = max = mean = std = absmax = None
+    d = {"min": min, "max": max, "mean": mean, "std": std, "absmax": absmax,
+         "nan": nan, "posinf": posinf, "neginf": neginf, "zero_frac": zero_frac}
+    if extra:
+        d.update(extra)
+    return d
 
 
 def nonfinite_count(stats: dict) -> int:

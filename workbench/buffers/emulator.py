@@ -48,6 +48,7 @@ import mlx.core as mx
 from workbench.buffers.analyze import Hazard, analyze
 from workbench.buffers.ranges import RangeMap
 from workbench.buffers.schedule import Access, Buffer, Event, Schedule
+from workbench.dtypes import bf16_to_f32
 from workbench.program import Program, execute
 
 #: op kinds whose kernels may write over these inputs (element-wise: exact tile by tile)
@@ -87,7 +88,7 @@ def _from_bytes(raw: np.ndarray, shape: tuple, dt: mx.Dtype) -> mx.array:
 def _host(raw: np.ndarray, shape: tuple, dt: mx.Dtype) -> np.ndarray:
     """Bytes of a value as a numpy array (bfloat16 widened to float32, bit-exactly)."""
     if dt == mx.bfloat16:
-        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)
+        return bf16_to_f32(raw.view(np.uint16)).reshape(shape)
     return raw.view(_np_dtype(dt)).reshape(shape)
 
 

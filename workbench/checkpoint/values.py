@@ -18,6 +18,8 @@ import numpy as np
 
 from workbench.checkpoint.sfile import DTYPE_BITS
 from workbench.checkpoint.values_native import Acc, native, new_acc
+from workbench.dtypes import bf16_to_f32
+from workbench.stats_schema import row
 
 READAHEAD = 0  # bytes to prefetch with POSIX_FADV_WILLNEED ahead of the reader (0: none; the kernel's
 #               sequential read-ahead, POSIX_FADV_SEQUENTIAL, measured faster on a VM disk)
@@ -154,17 +156,13 @@ class Stats:
 
     def to_dict(self) -> dict:
         fin = self.finite
-        return {
-            "min": self.min if fin else None, "max": self.max if fin else None,
-            "mean": self.mean if fin else None, "std": math.sqrt(max(self.m2, 0.0) / fin) if fin else None,
-            "absmax": max(abs(self.min), abs(self.max)) if fin else None,
-            "nan": self.nan, "posinf": self.posinf, "neginf": self.neginf,
-            "zero_frac": (self.zeros / self.n) if self.n else 0.0, "count": self.n,
-        }
+        return row(fin > 0, self.min, self.max, self.mean, math.sqrt(max(self.m2, 0.0) / fin) if fin else None,
+                   max(abs(self.min), abs(self.max)), self.nan, self.posinf, self.neginf,
+                   (self.zeros / self.n) if self.n else 0.0, count=self.n)
 
 
 def _bf16_value(bits: int) -> float:
-    return float(np.array([bits << 16], np.uint32).view(np.float32)[0])
+    return float(bf16_to_f32(np.array([bits], np.uint16))[0])
 
 
 _ONES = np.ones(0, np.float32)
@@ -180,9 +178,7 @@ def _ones(n):
 def _bf16_to_f32(u: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     if out is None or out.size < u.size:
         out = np.empty(u.size, np.uint32)
-    o = out[: u.size]
-    np.left_shift(u, 16, out=o, dtype=np.uint32)
-    return o.view(np.float32)
+    return bf16_to_f32(u, out[: u.size])
 
 
 def _lut_e8m0() -> np.ndarray:

@@ -151,6 +151,8 @@ class Model(TextCodec):
 
     #: the programs per attention choice (workbench.models.attention.Programs; set by load)
     programs = None
+    #: each step of a trace is one op of the program (a ReferenceModel's: "module")
+    granularity = "op"
 
     def __init__(self, family: str, config, text_config: dict, checkpoint, program: Program,
                  tensor_names: Sequence[str], tokenizer=None, windows=None, path=None,

@@ -150,7 +150,7 @@ def logit_lens(model: Any, source: Any = None, positions: Sequence[int] | None =
     """
     import mlx.core as mx
 
-    if getattr(model, "granularity", "op") == "module":
+    if model.granularity == "module":
         # the reference's tail (final norm, head, soft-capping, scaling) is code we do not
         # re-run piecewise; projecting through part of it would give plausible wrong numbers
         raise ValueError("the logit lens projects through an op program's tail (norm, lm_head, soft-capping); "

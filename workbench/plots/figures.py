@@ -14,9 +14,8 @@ from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
 
 from workbench.arrays import to_numpy
+from workbench.dtypes import FP16_MAX
 from workbench.plots.analysis import LogitLens, ResidualNorms, residual_norms
-
-FP16_MAX = 65504.0
 
 
 def save(fig: Figure, path: str, dpi: int = 110) -> str:

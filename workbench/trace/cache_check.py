@@ -204,7 +204,7 @@ def cache_check(model, ids, dtype=None, *, tolerance: dict | None = None) -> Cac
     T = x.shape[1]
     if T < 2:
         raise ValueError("cache_check needs at least 2 tokens (a prefill of T-1 and a decode of 1)")
-    module = getattr(model, "granularity", "op") == "module"
+    module = model.granularity == "module"
     capture = ["re:layers\\.\\d+", "logits"]
 
     def done(t, what):

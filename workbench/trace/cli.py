@@ -130,7 +130,7 @@ def run(args) -> int:
     model, ids = load_with_ids(args, memory_budget=budget)
     kw = {}
     if args.attention != "fused":
-        if getattr(model, "granularity", "op") == "module":
+        if model.granularity == "module":
             raise UsageError("--attention: a module-level model runs its own attention modules (no scores step)")
         try:
             kw["attention"] = parse_option(args.attention)

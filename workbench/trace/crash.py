@@ -218,7 +218,7 @@ def _model_spec(model_or_path, granularity, library, memory_budget, dtype):
         raise TypeError("crash_hunt: pass a checkpoint path or a model opened by workbench.load (the child "
                         f"reopens it from its path), not {type(model_or_path).__name__}")
     if granularity == "auto":
-        granularity = getattr(model_or_path, "granularity", "op")
+        granularity = model_or_path.granularity
     if library is None:
         library = getattr(model_or_path, "library", None) if granularity == "module" else None
     if memory_budget is None and getattr(model_or_path, "release_weights", None) is not None:
@@ -508,7 +508,7 @@ def _child(fd: int) -> int:
     except Exception as e:  # noqa: BLE001 - unusable input, in one line
         pipe.send(event="error", stage="load", message=f"cannot load {spec['path']}: {_one_line(e)}")
         return _EXIT_INPUT
-    module = getattr(model, "granularity", "op") == "module"
+    module = model.granularity == "module"
     src = spec["ids_or_text"]
     pipe.send(event="stage", stage="trace")
     try:

@@ -175,7 +175,7 @@ def trace(model, ids_or_text, capture="stats", dtype=None, breakpoints=None, int
     positions | None (``"all"`` unless [B, T, vocab] would pass the logits budget, then
     ``"last"``: workbench/trace/logits.py); ``tr.logit_positions`` says which it has.
     """
-    module = getattr(model, "granularity", "op") == "module"
+    module = model.granularity == "module"
     unknown = [k for k in extra if k not in MEDIA_KEYWORDS]
     if unknown:
         raise TypeError(f"trace() got unknown keyword argument{'s' if len(unknown) > 1 else ''} "

@@ -36,7 +36,7 @@ from workbench.nogc import no_gc
 from workbench.trace.store import ValueStore
 from workbench.trace.entry import check_token_ids, prepare_ids, trace as _trace, vocab_size
 from workbench.trace.step import TraceError
-from workbench.trace.tracer import wait_for_stats
+from workbench.trace.batches import wait_for_stats
 
 
 @dataclass

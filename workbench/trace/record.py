@@ -23,6 +23,7 @@ class Record(Protocol):
     """The members every view may use (see docs/trace.md)."""
 
     program: Any          # the steps as data: ``.ops`` (name, kind, layer, params, attrs), ``.index(name)``
+    granularity: str      # "op" (an op program's steps) | "module" (a reference model's module calls)
     position: int         # steps run so far
     batched: bool
 

@@ -15,7 +15,9 @@ adds:
 * the NaN hunt (:meth:`Trace.first_nonfinite`, see :mod:`workbench.trace.hunt`).
 
 Beside it: step.py (the :class:`Step` record), snapshots.py (cache snapshots for going
-back), entry.py (``trace(model, ...)``: text or ids to a Trace of the model).
+back), batches.py (the statistics-batch ledger: pending, in flight, arrived), replay.py
+(the program run again for recomputation), entry.py (``trace(model, ...)``: text or ids to a
+Trace of the model).
 
 Statistics are lazy: each op adds a tiny lazy reduction to the graph and the trace
 evaluates many of them with one ``mx.eval`` (at the end of ``run()``, or whenever the
@@ -35,18 +37,17 @@ from workbench.nogc import no_gc
 from workbench.progress import start as start_progress
 from workbench.program import Program, name_matches
 from workbench.trace import stats as _stats
+from workbench.trace.batches import Batches, wait_for_stats
 from workbench.trace.interventions import Intervention, normalize as _norm_iv
-from workbench.trace.snapshots import clone, restore, snapshot
+from workbench.trace.replay import Replay, recompute_op
+from workbench.trace.snapshots import restore, snapshot
 from workbench.trace.step import NONFINITE, Step, TraceError, dtype_str, headroom_rows  # noqa: F401  (re-exported)
 from workbench.trace.store import ValueStore
 
 _UNDO_DEPTH = 32
 #: a run without capture on a GPU queues its graph (``mx.async_eval``) at the first layer end
 #: after this many bytes of op outputs, so the device computes while Python builds the next
-#: layers (E2B, H200, 4096 tokens: 1.05x mlx-lm queued per layer, 1.20x not queued -- more
-#: than the Python it hides, perhaps MLX allocating a whole forward's buffers at once: not
-#: measured; at 256 and 1024 tokens queueing every layer cost more than it hid: 1.57x /
-#: 1.56x against 1.41x / 1.31x)
+#: layers (why this size: benchmarks/README.md, queueing the graph at layer ends)
 QUEUE_BYTES = 1 << 30
 
 
@@ -100,7 +101,6 @@ class Trace:
         self._tensors = tensors
         self.flush_bytes = int(flush_bytes)
         self._ops = program.ops
-        self._last_use = program.last_use()
         self._last_name = program.ops[-1].name
         self._program_layer_ends = program.layer_ends()
         self._release = getattr(model, "release_weights", None)
@@ -130,6 +130,9 @@ class Trace:
         for iv in _norm_iv(interventions):
             self.add_intervention(iv)
         self._cache0 = snapshot(getattr(ctx, "cache", None))
+        self._replay = Replay(program, self._feeds, self._cache0, context, self._iv_by_op, self._ends, self._release)
+        #: the statistics-batch ledger (:mod:`workbench.trace.batches`)
+        self.batches = Batches(self._take_rows)
         #: the values an op freed, kept for stepping back without replaying; with a KV cache,
         #: going back replays from the snapshot anyway, so nothing is kept (a decoding loop's
         #: traces would each hold their last ops' inputs, the full keys and values among them)
@@ -159,18 +162,9 @@ class Trace:
         self._dtypes: list = []
         self._labels: dict[int, tuple] = {}  # (ops intervened on only)
         self._made: dict[int, Step] = {}
-        #: (first, stop, stats rows) of every statistics batch that arrived (op indices first..stop-1)
-        self._rows: list[tuple] = []
         self._undo: OrderedDict[int, dict] = OrderedDict()
-        #: values evaluated at the next flush: with statistics every op's since op
-        #: ``_pending_first``, otherwise the captured ops' only; ``_keeps``: (op index, value)
-        #: of the captured ones among them
-        self._pending: list = []
-        self._pending_first = 0
-        self._keeps: list = []
-        self._pending_bytes = 0
+        self.batches.reset()
         self._queued = 0  # output bytes built since the graph was last queued (run() at layer ends)
-        self._inflight: list = []
         self.position = 0
 
     def add_breakpoint(self, bp) -> None:
@@ -224,10 +218,9 @@ class Trace:
             op = self._ops[i]
             s = self._made[i] = Step(op.name, op.kind, op.layer, i, self._input_shapes(i), self._shapes[i],
                                      dtype_str(self._dtypes[i]), None, self._labels.get(i, ()))
-            for a, b, rows in reversed(self._rows):
-                if a <= i < b:
-                    s.stats_from(rows, i - a)
-                    break
+            at = self.batches.row_of(i)
+            if at is not None:
+                s.stats_from(*at)
         return s
 
     def _last_step(self) -> Step | None:
@@ -240,11 +233,10 @@ class Trace:
             self._labels.pop(i, None)
         del self._shapes[n:]
         del self._dtypes[n:]
-        self._rows = [(a, min(b, n), r) for a, b, r in self._rows if a < n]
+        self.batches.truncate(n)
 
     def _take_rows(self, first: int, stop: int, rows) -> None:
         """Statistics rows for ops first..stop-1 arrived (rows[j] is op first + j's)."""
-        self._rows.append((first, stop, rows))
         made = self._made
         if made:  # steps already read (run()'s last one, stepping) take theirs now
             for i in range(first, stop):
@@ -278,6 +270,9 @@ class Trace:
                 f"dtype={dtype_str(self.dtype) if self.dtype is not None else '?'}>")
 
     # ------------------------------------------------------------------ execution core
+    #: what a step is: one op of the program (a ModuleTrace's: one module call, "module")
+    granularity = "op"
+
     #: the trace applies interventions to op outputs itself; a subclass whose ops return
     #: values already intervened on (module recording) turns this off
     applies_interventions = True
@@ -301,9 +296,7 @@ class Trace:
 
         The hot path of every forward: the per-op Python is locals and one call to the op's
         function (a decoding step runs hundreds of ops per token, and on a GPU the device waits
-        for this Python).  Building one E2B decoding step's graph on the H200's host: 2.26 ms
-        (2.42 with statistics) against 2.41 (2.54) through a method call per op, the op
-        functions alone 1.91, mlx-lm's model 2.00 (benchmarks/README.md, stop 24)."""
+        for this Python; benchmarks/README.md, building a decoding step's graph)."""
         plan = self.program.exec_plan()
         env, ctx = self._env, self.ctx
         ivs_by = self._iv_by_op
@@ -314,8 +307,9 @@ class Trace:
         ends = self._ends
         keep, stats_on = self._keep, self._stats_on
         shapes, dtypes = self._shapes, self._dtypes
-        pend, flush = self._pending, self.flush_bytes
-        nbytes = self._pending_bytes
+        batches = self.batches
+        pend, flush = batches.pending, self.flush_bytes
+        nbytes = batches.nbytes
         queued = self._queued
         why = None
         try:
@@ -361,15 +355,15 @@ class Trace:
                     kept = name in keep
                     if stats_on or kept:
                         if not pend:
-                            self._pending_first = j
+                            batches.first = j
                         pend.append(out)
                         if kept:
-                            self._keeps.append((j, out))
+                            batches.keeps.append((j, out))
                         nbytes += out.nbytes
                 if j in ends:  # (streaming) the segment's values evaluated, its weights released
-                    self.position, self._pending_bytes = i, nbytes
+                    self.position, batches.nbytes = i, nbytes
                     self._segment_end(j)
-                    pend, nbytes = self._pending, self._pending_bytes
+                    pend, nbytes = batches.pending, batches.nbytes
                 if not record:
                     continue
                 if j in stop_at:
@@ -385,7 +379,7 @@ class Trace:
                         why = "queue"
                         break
         finally:
-            self.position, self._pending_bytes, self._queued = i, nbytes, queued
+            self.position, batches.nbytes, self._queued = i, nbytes, queued
         return i, why
 
     def _failed(self, i: int, args, e: Exception) -> TraceError:
@@ -412,33 +406,11 @@ class Trace:
         their statistics are computed in the background (CPU) or queued on the device (CUDA)
         and collected by :meth:`_sync`.  ``block=False``: the evaluation is queued
         (``mx.async_eval``) and this returns at once."""
-        pend = self._pending
-        if pend:
-            keeps = self._keeps
-            kept = [v for _, v in keeps]
-            kept.extend(also)
-            # evaluated before the pending list is cleared: if mx.eval raises, the ops stay pending
-            if self._stats_on:
-                first = self._pending_first
-                stop = first + len(pend)
-                if stop != len(self._shapes):  # pragma: no cover - every op run is pending while stats are on
-                    raise TraceError(f"internal: a statistics batch of {len(pend)} ops from op {first} does not "
-                                     f"end at the last op run ({len(self._shapes) - 1})")
-                self._inflight.append((first, stop, _stats.Pending(
-                    pend, kept, background=True, defer=not block,
-                    shapes=self._shapes[first:stop], dtypes=self._dtypes[first:stop])))
-            elif block:
-                mx.eval(kept)
-            else:
-                mx.async_eval(kept)
-            self._pending = []
-            self._keeps = []
-            self._pending_bytes = 0
+        keeps = self.batches.flush(self._stats_on, self._shapes, self._dtypes, also, block)
+        if keeps:
             ops = self._ops
             for i, v in keeps:
                 self._store.put(self._prefix + ops[i].name, v)
-        elif also:
-            (mx.eval if block else mx.async_eval)(list(also))
         if wait:
             self._sync()
 
@@ -449,8 +421,7 @@ class Trace:
         """Start reducing the statistics of batches :meth:`run` left queued (``block=False``)
         on the CPU's statistics thread, without waiting for them (a decoding loop calls it
         once the next forward is queued); on a GPU they are already computing."""
-        for _, _, p in self._inflight:
-            p.start()
+        self.batches.start()
 
     def _hit(self, step: Step) -> bool:
         for bp in self.breakpoints:
@@ -470,8 +441,7 @@ class Trace:
         than one position.  Never on the CPU (MLX's CPU stream and the host statistics share
         its cores); never for a one-token decoding step (launch-bound: nothing to hide Python
         behind); not with statistics: their batches are queued every ``flush_bytes`` already
-        (E2B, H200: 1.19x against 1.23x queued per layer at 4096 tokens, 1.72x against 2.19x
-        at 256)."""
+        (benchmarks/README.md, queueing the graph at layer ends)."""
         if mx.default_device().type != mx.DeviceType.gpu or self._stats_on:
             return False
         return self.ids is None or self.ids.shape[-1] != 1
@@ -508,9 +478,9 @@ class Trace:
         self._bar = start_progress(len(self._ends), "segments", self.progress) if self.progress is not False \
             else None
         try:
-            # a forward makes a Step and graph nodes per op: the cyclic collector's passes over
-            # them cost more than the op's own Python (measured: 24.5 -> 19.7 ms on E2B, 256
-            # tokens, H200); nothing here makes cycles, so it waits until the run is done
+            # a forward makes graph nodes per op: the cyclic collector's passes over them cost
+            # more than the op's own Python (benchmarks/README.md, the cyclic collector);
+            # nothing here makes cycles, so it waits until the run is done
             with no_gc():
                 return self._run(until, wait, block)
         finally:
@@ -784,24 +754,7 @@ class Trace:
                 vals.append(v)
             if vals is not None:
                 return vals, None
-        if self._context is None:
-            raise TraceError("cannot recompute this op: the trace was made without a context factory")
-        cache = clone(self._cache0)
-        ctx = self._context(self.dtype, cache)
-        env = dict(self._feeds)
-        for j in range(i):
-            o = self._ops[j]
-            out = o.fn(ctx, *[env[s] for s in o.inputs])
-            for iv in self._iv_by_op.get(o.name, ()):
-                out = iv.apply(out, o)
-            env[o.name] = out
-            for s in o.inputs:
-                if self._last_use.get(s) == j and s not in self._feeds and s not in op.inputs:
-                    env.pop(s, None)
-            if j in self._ends:  # streaming: evaluated segment by segment, as the trace ran
-                mx.eval(self._live_values(env, cache))
-                self._release()
-        return [env[s] for s in op.inputs], cache
+        return self._replay.inputs_before(i, self.dtype)
 
     def inputs(self, name: str) -> list[tuple[str, mx.array]]:
         """(label, value) of each input op ``name`` read, as the trace gave it: the label is
@@ -824,13 +777,7 @@ class Trace:
             ctx = self.ctx
         else:
             raise TraceError("cannot recompute in another dtype: the trace was made without a context factory")
-        vals = [v.astype(dtype) if (dtype is not None and mx.issubdtype(v.dtype, mx.floating)) else v
-                for v in vals]
-        out = op.fn(ctx, *vals)
-        if interventions:
-            for iv in self._iv_by_op.get(op.name, ()):
-                out = iv.apply(out, op)
-        return out
+        return recompute_op(op, vals, ctx, dtype, self._iv_by_op.get(op.name, ()) if interventions else ())
 
     def op_tensors(self, name: str) -> dict:
         """Checkpoint tensors op ``name`` reads (empty when the trace has no tensors source)."""
@@ -838,15 +785,3 @@ class Trace:
             return {}
         return dict(self._tensors(name))
 
-
-def wait_for_stats(traces) -> None:
-    """Give the steps of every trace in ``traces`` their statistics still being computed,
-    collected together: on a GPU one device-to-host copy and one fold for all of them (a
-    generation's forwards), instead of one per trace."""
-    batches = [(t, first, stop, p) for t in traces for first, stop, p in t._inflight]
-    if batches:
-        # (rows of folded columns: each dict made when first read; or the host path's dicts)
-        for (t, first, stop, _), res in zip(batches, _stats.results([p for _, _, _, p in batches])):
-            t._take_rows(first, stop, res)
-    for t in traces:
-        t._inflight.clear()

@@ -384,7 +384,7 @@ def softmax_op(layer: int) -> str:
 
 def module_note(trace) -> str | None:
     """Why a trace has no attention pattern to draw, when that is its granularity (else None)."""
-    if getattr(trace, "granularity", "op") == "module":
+    if trace.granularity == "module":
         return ("module granularity: attention runs fused inside the self_attn module "
                 "(mx.fast.scaled_dot_product_attention), so there is no softmax step and no pattern to draw")
     return None
