@@ -16,7 +16,8 @@ recorded with ``workbench.diff.torch_hooks``; one bug is planted at a time:
 * ``llama_decode_clean`` / ``llama_decode_kv_off``: prefill of IDS[:-1] into the KV cache, then
   the last token decoded, recorded alone; the second with its position one too far (T, not T-1).
 
-Also the llama.cpp eval-callback text of ``llama_clean``, ``llama_rope_theta`` and ``llama_decode_kv_off``
+Also the llama.cpp eval-callback text of ``llama_clean``, ``llama_rope_theta``, ``llama_decode_kv_off``,
+``gemma3_clean`` and ``gemma3_norm_w``
 (``*.ggml.txt``): the same tensors under GGML's names and layouts (ne order, Q/K rows
 permuted as convert_hf_to_gguf permutes them for llama), printed exactly as
 llama.cpp's examples/eval-callback prints them (header line, ``%12.4f`` values, 3 first and 3
@@ -209,6 +210,58 @@ def write_eval_callback(values: dict, name: str, head_dim: int = 16, n_kv: int =
     (OUT / f"{name}.ggml.txt").write_text("\n".join(lines) + "\n")
 
 
+def gemma_ggml(values: dict, n_layers: int = 2) -> dict:
+    """A Gemma 3 transformers dump under llama.cpp's Gemma 3 graph names (src/models/gemma3):
+    no Q/K permutation (NEOX rope), ``inp_scaled``, views named ``Qcur-0 (reshaped)``,
+    ``ffn_post_norm`` named without its layer, and the last layer holding only the output row
+    (the last token) from the attention output on, as ``inp_out_ids`` leaves it."""
+    out = {}
+    last = n_layers - 1
+    out[("inp_scaled", "SCALE")] = values["model.embed_tokens"][0]
+    for i in range(n_layers):
+        L = f"model.layers.{i}"
+        prev = values["model.embed_tokens"] if i == 0 else values[f"model.layers.{i - 1}"]
+        q, k = values[f"{L}.self_attn.q_proj"][0], values[f"{L}.self_attn.k_proj"][0]
+        d = values[f"{L}.self_attn.q_norm"].shape[-1]
+        rows = (lambda a: a[-1:]) if i == last else (lambda a: a)
+        seq = [(f"attn_norm-{i}", "MUL", values[f"{L}.input_layernorm"][0]),
+               (f"Qcur-{i}", "MUL_MAT", q), (f"Kcur-{i}", "MUL_MAT", k),
+               (f"Vcur-{i}", "MUL_MAT", values[f"{L}.self_attn.v_proj"][0]),
+               (f"Qcur-{i} (reshaped)", "RESHAPE", q.reshape(q.shape[0], -1, d)),
+               (f"Kcur-{i} (reshaped)", "RESHAPE", k.reshape(k.shape[0], -1, d)),
+               (f"Qcur_normed-{i}", "MUL", np.transpose(values[f"{L}.self_attn.q_norm"][0], (1, 0, 2))),
+               (f"Kcur_normed-{i}", "MUL", np.transpose(values[f"{L}.self_attn.k_norm"][0], (1, 0, 2))),
+               (f"Qcur-{i}", "ROPE", np.transpose(values[f"{L}.self_attn.rope_q"][0], (1, 0, 2))),
+               (f"Kcur-{i}", "ROPE", np.transpose(values[f"{L}.self_attn.rope_k"][0], (1, 0, 2))),
+               (f"kq_soft_max-{i}", "SOFT_MAX", values[f"{L}.self_attn.1"][0]),
+               (f"kqv_out-{i}", "CONT", values[f"{L}.self_attn.o_proj#input"][0]),
+               (f"attn_out-{i}", "MUL_MAT", rows(values[f"{L}.self_attn.o_proj"][0])),
+               (f"attn_post_norm-{i}", "MUL", rows(values[f"{L}.post_attention_layernorm"][0])),
+               (f"sa_out-{i}", "ADD", rows(prev[0] + values[f"{L}.post_attention_layernorm"][0])),
+               (f"ffn_norm-{i}", "MUL", rows(values[f"{L}.pre_feedforward_layernorm"][0])),
+               (f"ffn_gate-{i}", "MUL_MAT", rows(values[f"{L}.mlp.gate_proj"][0])),
+               (f"ffn_up-{i}", "MUL_MAT", rows(values[f"{L}.mlp.up_proj"][0])),
+               (f"ffn_geglu-{i}", "GLU", rows(values[f"{L}.mlp.down_proj#input"][0])),
+               (f"ffn_out-{i}", "MUL_MAT", rows(values[f"{L}.mlp.down_proj"][0])),
+               ("ffn_post_norm", "MUL", rows(values[f"{L}.post_feedforward_layernorm"][0])),
+               (f"l_out-{i}", "ADD", rows(values[L][0]))]
+        for j, (name, op, v) in enumerate(seq):
+            out[(name, op, i, j)] = v
+    out[("result_norm", "MUL")] = values["model.norm"][0][-1:]
+    out[("result_output", "MUL_MAT")] = values["logits"][0][-1:]
+    return out
+
+
+def write_gemma_eval_callback(values: dict, name: str, n_kv: int = 32) -> None:
+    lines = ["llama_context: n_ctx = 32"]
+    for key, v in gemma_ggml(values).items():
+        gname, op = key[0], key[1]
+        if gname.startswith("kq_soft_max"):
+            v = np.concatenate([v, np.zeros(v.shape[:-1] + (n_kv - v.shape[-1],), np.float32)], axis=-1)
+        _print_tensor(gname, op, "src", np.ascontiguousarray(v, np.float32), lines)
+    (OUT / f"{name}.ggml.txt").write_text("\n".join(lines) + "\n")
+
+
 def main() -> None:
     import torch
 
@@ -219,7 +272,7 @@ def main() -> None:
         llama, qwen3, gemma3 = (checkpoint(c, tmp) for c in ("llama", "qwen3", "gemma3_text"))
         write_eval_callback(record(engine(llama), "llama_clean"), "llama_clean")
         record(engine(qwen3), "qwen3_clean")
-        record(engine(gemma3), "gemma3_clean")
+        write_gemma_eval_callback(record(engine(gemma3), "gemma3_clean"), "gemma3_clean")
         write_eval_callback(record(engine(llama, rope_theta=10000.0), "llama_rope_theta"), "llama_rope_theta")
         m = engine(qwen3)
         m.model.layers[1].self_attn.scaling = 1.0 / m.config.head_dim
@@ -231,7 +284,7 @@ def main() -> None:
         record_decode(engine(llama), "llama_decode_clean")
         write_eval_callback(record_decode(engine(llama), "llama_decode_kv_off", off=1), "llama_decode_kv_off")
         gemma_norm_as_w()
-        record(engine(gemma3), "gemma3_norm_w")
+        write_gemma_eval_callback(record(engine(gemma3), "gemma3_norm_w"), "gemma3_norm_w")
 
 
 if __name__ == "__main__":

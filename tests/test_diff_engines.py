@@ -160,3 +160,26 @@ def test_raw_module_names_without_adapter_do_not_pass(ckpt):
     assert r.engine is None and not r.clean and r.low_coverage
     r = compare(ckpt["llama"], eng, ids=ids, engine_adapter="transformers", local=False)
     assert r.engine == "transformers" and r.clean and r.compared >= 38
+
+
+def test_llama_cpp_gemma3_names_views_and_output_rows(ckpt, capsys):
+    """Gemma 3's graph names: inp_scaled, `Qcur-0 (reshaped)` views, ffn_post_norm printed
+    without its layer, and the last layer holding the last token's row only (inp_out_ids)."""
+    arrays, _, _ = read_eval_callback(DATA / "gemma3_clean.ggml.txt")
+    assert {"Qcur-0 (reshaped)", "Qcur-0@MUL_MAT", "Qcur-0@ROPE", "ffn_post_norm@MUL#0",
+            "ffn_post_norm@MUL#1"} <= set(arrays)
+
+    def run(name):
+        rc = main(["diff", ckpt["gemma3_text"], str(DATA / f"{name}.ggml.txt"), "--engine", "llama.cpp",
+                   "--ids", IDS, "--max-nmse", "1e-4", "--json"])
+        return rc, json.loads(capsys.readouterr().out)
+
+    rc, out = run("gemma3_clean")
+    assert rc == 0 and out["unmatched_engine"] == [] and out["coverage"]["compared"] == 47
+    by = {o["op"]: o for o in out["ops"]}
+    assert "last position only" in by["layers.1.mlp.down_proj"]["layout"]
+    assert by["layers.1.post_feedforward_layernorm"]["engine_name"] == "ffn_post_norm@MUL#1"
+    assert by["layers.0.pre_feedforward_layernorm"]["engine_name"] == "ffn_norm-0"  # Gemma's, not Llama's
+    rc, out = run("gemma3_norm_w")
+    assert rc == 1 and out["first_divergence"]["op"] == "layers.0.input_layernorm"
+    assert out["pattern"]["pattern"] == "norm-scale-w"

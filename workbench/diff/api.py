@@ -662,6 +662,8 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
         printed: dict = {}
         if decode:
             ref_values = glue.decode_rows(ref_values, head_ops(model.order), T)
+        elif adapter is not None and adapter.output_rows:
+            ref_values = glue.output_rows(ref_values, eng, head_ops(model.order), T, ainfo.setdefault("notes", {}))
         if noise_floor is not None:
             matched, _, _ = match_names(eng.keys(), [n for n in model.order if n in model.values], rules)
             noise = run_reference(model.model, ids=model.ids, ops=list(matched) or None, dtype=noise_floor,
@@ -721,6 +723,10 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
         if decode:
             values = glue.decode_rows(values, head_ops(program.names), len(token_ids))
             noise = None if noise is None else glue.decode_rows(noise, head_ops(program.names), len(token_ids))
+        elif adapter is not None and adapter.output_rows:
+            values = glue.output_rows(values, eng, head_ops(program.names), len(token_ids),
+                                      ainfo.setdefault("notes", {}))
+            noise = None if noise is None else glue.output_rows(noise, eng, head_ops(program.names), len(token_ids), {})
     elif logits is not None:  # (refused in one line as the run would: nothing else checks it)
         from workbench.trace.logits import resolve
 

@@ -112,6 +112,31 @@ def decode_rows(values: Mapping[str, Any], heads: Sequence[str], T: int) -> dict
     return out
 
 
+def output_rows(values: Mapping[str, Any], eng: Mapping[str, Any], heads: Sequence[str], T: int,
+                notes: dict) -> dict:
+    """llama.cpp keeps only the output rows (the last token) in its last layer from attn_out on
+    (``inp_out_ids``): where an engine tensor holds one position's elements and ours T, ours is
+    cut to the last position (and the layout note says so)."""
+    from workbench.diff.report import to_numpy
+
+    if T <= 1:
+        return dict(values)
+    heads = set(heads)
+    out = dict(values)
+    for name, v in values.items():
+        if name in heads or name not in eng:
+            continue
+        a = to_numpy(v)
+        e = np.asarray(eng[name])
+        if e.size * T != a.size:
+            continue
+        axis = 2 if name.rsplit(".", 1)[-1] in HEADS_FIRST else 1
+        if a.ndim > axis and a.shape[axis] == T:
+            out[name] = a[(slice(None),) * axis + (slice(T - 1, T),)]
+            notes[name] = "the engine holds the last position only (its output rows): compared there"
+    return out
+
+
 def finish(report, adapter: Adapter | None, info: Mapping, decode: bool) -> None:
     report.decode = bool(decode)
     if adapter is None:

@@ -22,8 +22,10 @@ ones fine or wrong.  In a model of real size that is the 6 x 6 x 6 corner of eac
 enough to catch a wrong scale, norm, RoPE frequency or position (they touch every element),
 not an error confined to unprinted channels or tokens.  The printed ``sum`` adds up the
 printed elements only (the loop that prints it skips the same ones), so it is not used.
-A name printed for several nodes (``Qcur-0`` after MUL_MAT, RESHAPE and ROPE) is read as
-``NAME@OP`` (``Qcur-0@ROPE``); lines that are not part of a tensor (logs) are skipped.
+A name printed for several nodes (``Qcur-0`` after MUL_MAT and ROPE) is read as
+``NAME@OP`` (``Qcur-0@ROPE``), and a name and op printed again (``ffn_post_norm``, which Gemma's
+graph names without its layer) as ``NAME@OP#k``, k counting from 0 in print order; lines that
+are not part of a tensor (logs) are skipped.
 """
 from __future__ import annotations
 
@@ -36,7 +38,8 @@ import numpy as np
 from workbench import fsio
 from workbench.diff.readers import DumpError
 
-HEADER = re.compile(r"^\s*(\w+):\s+(\S+) = \((\w+)\)\s+(\S+?)\((.*)\) = \{([-\d, ]+)\}\s*$")
+#: (names may hold spaces: ggml names views "Qcur-0 (reshaped)", "kq-0 (permuted)")
+HEADER = re.compile(r"^\s*(\w+):\s+(.+?) = \((\w+)\)\s+(\S+?)\((.*)\) = \{([-\d, ]+)\}\s*$")
 #: at most this much text is read (a long prompt of a big model prints ~100 MB)
 MAX_BYTES = 2 * 2**30
 
@@ -153,15 +156,16 @@ def read_eval_callback(path: str | os.PathLike):
     count: dict[str, int] = {}
     for name, *_ in tensors:
         count[name] = count.get(name, 0) + 1
+    keyed = [(name if count[name] == 1 else f"{name}@{op}") for name, op, *_ in tensors]
+    repeats: dict[str, int] = {}
+    for k in keyed:
+        repeats[k] = repeats.get(k, 0) + 1
     arrays, masks, seen = {}, {}, {}
     types = {}
-    for name, op, typ, vals, known in tensors:
-        key = name if count[name] == 1 else f"{name}@{op}"
-        if key in seen:
-            seen[key] += 1
+    for key, (name, op, typ, vals, known) in zip(keyed, tensors):
+        if repeats[key] > 1:  # the same name and op again (a name given without the layer: il = -1)
+            seen[key] = seen.get(key, -1) + 1
             key = f"{key}#{seen[key]}"
-        else:
-            seen[key] = 0
         arrays[key], masks[key] = vals, known
         types[key] = typ
     partial = sum(not k.all() for k in masks.values())

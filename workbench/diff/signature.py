@@ -75,12 +75,16 @@ def rope(op: str, ref: np.ndarray, eng: np.ndarray, decode: bool = False) -> dic
 def norm(op: str, ref: np.ndarray, eng: np.ndarray, weight: np.ndarray | None) -> dict | None:
     r = np.asarray(ref, np.float64).reshape(-1, ref.shape[-1])
     e = np.asarray(eng, np.float64).reshape(-1, eng.shape[-1])
+    ok = np.isfinite(e) & np.isfinite(r)  # (a partial dump's unprinted elements are NaN)
+    r, e = np.where(ok, r, 0.0), np.where(ok, e, 0.0)
     den = (r * r).sum(0)
     c = np.where(den > 0, (e * r).sum(0) / np.where(den > 0, den, 1), 1.0)
     if _rms(e - c * r) > 0.05 * max(_rms(e - r), 1e-30):
         return None
+    seen = ok.any(0)  # channels with a value
     if weight is not None and weight.shape == c.shape:
-        w = np.asarray(weight, np.float64)
+        c = c[seen]
+        w = np.asarray(weight, np.float64)[seen]
         if np.all(np.abs(1 + w) > 1e-3) and _rms(c - w / (1 + w)) < 1e-3 * max(_rms(c), 1e-30) + 1e-6:
             return {"op": op, "pattern": "norm-scale-w",
                     "text": "the norm's output is ours x w / (1 + w), channel by channel: its scale is w where "

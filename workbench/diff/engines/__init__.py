@@ -42,6 +42,8 @@ class Adapter:
     rules: list[dict]
     permuted: dict = field(default_factory=dict)
     key_cut: str | None = None
+    #: the engine may keep only the output rows (the last token) of an op: compare those there
+    output_rows: bool = False
 
     def _expand(self, rep: str, m: re.Match) -> str:
         return _GROUP.sub(lambda g: (m.group(int(g.group(2))) or "").lower() if g.group(1)
@@ -134,7 +136,8 @@ def load(name: str) -> Adapter:
         r["_rx"] = re.compile(r["match"])
         rules.append(r)
     return Adapter(name=data["engine"], strip=data.get("strip", ""), rules=rules,
-                   permuted=data.get("permuted_rope_rows") or {}, key_cut=data.get("key_axis_cut"))
+                   permuted=data.get("permuted_rope_rows") or {}, key_cut=data.get("key_axis_cut"),
+                   output_rows=bool(data.get("output_rows_last")))
 
 
 def known_engines() -> list[str]:
