@@ -35,13 +35,12 @@ def feedback(exercise_id: str, answer) -> Verdict:
     return _exercise(exercise_id).verdict(answer)
 
 
-def check(exercise_id: str, answer) -> bool:
+def check(exercise_id: str, answer) -> None:
     """Print ``right``, ``partly right: ...`` or ``not quite: <hint>`` for ``answer`` (a value,
-    or for an "implement" exercise your function); returns whether it is right.  Never
-    prints the expected answer, never raises on a wrong or malformed answer."""
-    v = feedback(exercise_id, answer)
-    print(v.message)
-    return v.ok
+    or for an "implement" exercise your function).  Never prints the expected answer, never
+    raises on a wrong or malformed answer; returns nothing, so a notebook cell shows the
+    verdict alone (:func:`feedback` returns it as a Verdict)."""
+    print(feedback(exercise_id, answer).message)
 
 
 def solution(exercise_id: str) -> None:
