@@ -11,18 +11,19 @@ import numpy as np
 
 from workbench.diff import readers
 from workbench.dtypes import dtype_name, parse_dtype
-from workbench.diff.metrics import Tolerance, error_metrics, local_diverged
+from workbench.diff.metrics import Tolerance
 from workbench.diff.naming import Rules, load_rules
 from workbench.diff.naming import apply_rules
 from workbench.diff.report import DiffError, DiffReport, as_rules, compare_arrays, match_names, to_numpy
 from workbench.diff.weights import compare_weights, is_checkpoint_tensor
+# (split out of this module, issue 34; their names stay importable from here)
+from workbench.diff.local import is_module_level, local_errors, topk_dependents  # noqa: F401
+from workbench.diff.logit_rows import (META_LOGITS, align_logits, describe, head_ops,  # noqa: F401
+                                       logit_rows_for, parse_positions, positions_json, rows_of)
 
 
 #: the dump metadata key of the matmul precision the values were computed under (workbench.precision)
 META_PRECISION = "workbench.matmul_precision"
-#: the dump metadata key of the token positions the head's tensors (``lm_head``, ``logits``) hold
-#: rows for: ``"all"`` or a JSON list of increasing positions (workbench/trace/logits.py)
-META_LOGITS = "workbench.logit_positions"
 
 
 def _precision_of(used: str | None) -> str:
@@ -81,7 +82,7 @@ class Reference:
         if self.matmul_precision:
             meta[META_PRECISION] = self.matmul_precision
         if self.logit_positions is not None:
-            meta[META_LOGITS] = json.dumps(_positions_json(self.logit_positions, len(self.ids or ())))
+            meta[META_LOGITS] = json.dumps(positions_json(self.logit_positions, len(self.ids or ())))
         return meta
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -114,39 +115,6 @@ class Reference:
                    matmul_precision=meta.get(META_PRECISION) or None, logit_positions=positions)
 
 
-def _positions_json(positions, T: int):
-    return "all" if len(positions) == T and T else [int(p) for p in positions]
-
-
-def parse_positions(meta: Mapping, T: int | None, where) -> range | tuple | None:
-    """The positions a dump's ``workbench.logit_positions`` metadata names (None where it has
-    none), or a one-line DumpError: "all" or a list of increasing positions within the ids."""
-    raw = meta.get(META_LOGITS)
-    if raw is None:
-        return None
-    try:
-        v = json.loads(raw)
-    except json.JSONDecodeError:
-        v = None
-    if v == "all" and T:
-        return range(T)
-    ok = (isinstance(v, list) and v and all(type(p) is int and 0 <= p < (T or 2**31) for p in v)
-          and all(a < b for a, b in zip(v, v[1:])))
-    if not ok:
-        raise readers.DumpError(f"{where}: metadata {META_LOGITS} is not 'all' or a list of increasing positions "
-                                f"within the {T or '?'} tokens ({str(raw)[:60]!r})")
-    return range(v[0], v[0] + 1) if len(v) == 1 else tuple(v)
-
-
-def head_ops(order: Sequence[str]) -> list[str]:
-    """The ops that hold the head's rows only (``logits=``): ``lm_head`` and what follows it
-    (``logits``), or ``logits`` alone where the head is no op of its own."""
-    order = list(order)
-    if "lm_head" in order:
-        return order[order.index("lm_head"):]
-    return ["logits"] if "logits" in order else []
-
-
 def is_reference_dump(path: str | os.PathLike) -> bool:
     p = Path(path)
     if not p.is_file():
@@ -173,7 +141,7 @@ def _load_model(model: Any, dtype: str | None):
             raise DiffError(f"{model}: no such file or directory")
         try:
             m = load(model, dtype=dtype)
-            if not _is_module_level(m):  # engines dump their scores and softmax: the reference has them
+            if not is_module_level(m):  # engines dump their scores and softmax: the reference has them
                 m.program = m.program_for("explicit")
             return m
         except (CheckpointError, ValueError, KeyError, OSError) as e:
@@ -182,10 +150,6 @@ def _load_model(model: Any, dtype: str | None):
     if not hasattr(model, "program") and getattr(model, "granularity", None) != "module":
         raise TypeError(f"expected a checkpoint path or a loaded model, not {type(model).__name__}")
     return model
-
-
-def _is_module_level(m) -> bool:
-    return getattr(m, "granularity", "op") == "module"
 
 
 def _forward(m, token_ids, names, dtype, logits=None):
@@ -201,7 +165,7 @@ def _forward(m, token_ids, names, dtype, logits=None):
     from workbench.trace.logits import resolve
 
     ids = mx.array([list(token_ids)], dtype=mx.int32)
-    if _is_module_level(m):
+    if is_module_level(m):
         t = m.module_trace(ids, capture=None, dtype=dtype, logits=logits)
         t.run()
         wanted = set(t.program.names) if names is None else set(names)
@@ -223,7 +187,7 @@ def _forward(m, token_ids, names, dtype, logits=None):
 
 
 def _program_of(m, token_ids, dtype, logits=None):
-    return _forward(m, token_ids, (), dtype, logits)[0] if _is_module_level(m) else m.program
+    return _forward(m, token_ids, (), dtype, logits)[0] if is_module_level(m) else m.program
 
 
 def _ids_for(model, prompt: str | None, ids: Sequence[int] | None) -> list[int]:
@@ -354,206 +318,6 @@ def _dtype_name(d) -> str | None:
         raise DiffError(str(e)) from None
 
 
-def topk_dependents(program) -> dict[str, list[str]]:
-    """Every top-k index op (expert selection) -> the ops of its layer that read it, directly or not."""
-    out = {}
-    for op in program.ops:
-        if op.kind != "topk":
-            continue
-        reach, deps = {op.name}, []
-        for later in program.ops[program.index(op.name) + 1:]:
-            if later.layer != op.layer or later.kind == "topk":
-                continue
-            if any(s in reach for s in later.inputs):
-                reach.add(later.name)
-                deps.append(later.name)
-        out[op.name] = deps
-    return out
-
-
-def local_errors(report: DiffReport, model: Any, aligned: Mapping[str, np.ndarray], ids: Sequence[int],
-                 dtype: str | None = None, dtypes: Mapping[str, str] | None = None, logit_rows=None,
-                 decode: bool = False) -> int:
-    """Fill each op's local error: our op applied to the engine's own (aligned) inputs.
-
-    Program inputs (token ids, RoPE offsets, masks) come from our feeds; an op with an
-    input the engine did not dump is left without a local error.  Returns how many ops
-    got one.  ``dtypes``: our ops' own dtypes, so integer values (expert indices) are fed
-    back as integers.  ``logit_rows``: the positions the head's tensors were compared at
-    (a :class:`workbench.trace.logits.LogitRows`; None: every one): the head recomputes those rows.
-    """
-    import mlx.core as mx
-
-    if _is_module_level(model):  # a module call is not re-run on another engine's inputs (yet)
-        return 0
-    program = model.program
-    ctx = model.context(dtype)
-    ctx.logit_rows = logit_rows
-    feeds = model.feeds(mx.array([list(ids)], dtype=mx.int32))
-    tol = report.tolerance
-    n = 0
-    pending: list = []
-    pending_bytes = 0
-
-    def flush():
-        nonlocal n, pending, pending_bytes
-        if not pending:
-            return
-        try:
-            mx.eval([out for _, _, out in pending])
-        except (ValueError, RuntimeError):
-            pass  # evaluated one by one below, where the failing op is named
-        for od, op, out in pending:
-            try:
-                ours = to_numpy(out)
-            except (ValueError, TypeError, IndexError, RuntimeError) as e:
-                od.reasons.append(f"local error not computed: {e}")
-                continue
-            theirs = aligned[od.op]
-            if ours.shape != theirs.shape:
-                continue
-            if op.kind == "topk":  # a set of indices: compare it as a set
-                ours, theirs = np.sort(ours, axis=-1), np.sort(theirs, axis=-1)
-            m = error_metrics(ours, theirs, mask_below=tol.mask_below)
-            od.local_cosine, od.local_nmse, od.local_max_abs = m["cosine"], m["nmse"], m["max_abs"]
-            od.local_diverged = local_diverged(m, tol)
-            n += 1
-        pending, pending_bytes = [], 0
-
-    for od in report.ops:
-        if not od.compared or od.op not in aligned or od.op not in program:  # (a module-level dump's names)
-            continue
-        op = program[od.op]
-        if decode and any(src in feeds and src != "input_ids" for src in op.inputs):
-            continue  # positions and masks of a decode step are not the full forward's feeds
-        args = []
-        for src in op.inputs:
-            if src in feeds:
-                args.append(feeds[src])
-            elif src in aligned:
-                own = (dtypes or {}).get(src, "")
-                want = getattr(mx, own) if own.startswith(("int", "uint", "bool")) else ctx.dtype
-                args.append(mx.array(aligned[src]).astype(want))
-            else:
-                break
-        else:
-            try:
-                out = op.fn(ctx, *args)  # lazy: evaluated in batches
-            except (ValueError, TypeError, IndexError, RuntimeError) as e:  # cannot run on these inputs
-                od.reasons.append(f"local error not computed: {e}")
-                continue
-            pending.append((od, op, out))
-            pending_bytes += aligned[od.op].nbytes
-            if pending_bytes > 256 * 2**20:
-                flush()
-    flush()
-    return n
-
-
-def describe(positions, T: int) -> str:
-    """Positions in words ("position 8 (the last) of 9", "positions 0..1 of 9"), a list compacted first."""
-    from workbench.trace.logits import describe as words
-
-    ps = [int(p) for p in positions]
-    if ps and ps == list(range(ps[0], ps[-1] + 1)):
-        return words(range(ps[0], ps[-1] + 1), T)
-    return words(tuple(ps), T)
-
-
-def _rows_of(x: np.ndarray, idx: list[int]) -> np.ndarray:
-    """Rows ``idx`` of a head tensor [..., P, V] (a [V] tensor is one row)."""
-    if x.ndim < 2:
-        return x
-    return np.take(x, np.asarray(idx, dtype=np.int64), axis=-2)
-
-
-def align_logits(values: dict, eng: dict, order: Sequence[str], rules, T: int, ref_positions,
-                 emeta: Mapping, noise: dict | None = None):
-    """Line up the rows of the head's tensors (:func:`head_ops`): ours hold ``ref_positions``
-    of the T tokens, the engine's hold every position (T rows), the last alone (one row), or
-    what its dump's ``workbench.logit_positions`` says.  Where one side's positions contain the
-    other's, both are cut (in place, in ``values``, ``eng`` and ``noise``) to the positions in
-    common; otherwise a one-line DiffError naming both.  Returns (the positions compared,
-    {"compared", "reference", "engine", "T", "ops"}) or (None, None) when no head tensor matched."""
-
-    heads = [n for n in head_ops(order) if n in values]
-    if not heads or not T:
-        return None, None
-    matched, _, _ = match_names(eng.keys(), heads, rules)
-    if not matched:
-        return None, None
-    ref_pos = list(ref_positions) if ref_positions is not None else list(range(T))
-    meta_pos = parse_positions(emeta, T, "the engine's dump") if emeta else None
-    found = []  # (our name, engine name, ours, theirs, the engine's positions)
-    for name in heads:
-        if name not in matched:
-            continue
-        en = matched[name]
-        ours = to_numpy(values[name])
-        if ours.ndim < 2 or ours.shape[-2] != len(ref_pos):
-            raise DiffError(f"the reference's {name} {list(ours.shape)} does not hold a row for each of its "
-                            f"{len(ref_pos)} logit positions ({describe(ref_pos, T)})")
-        V = ours.shape[-1]
-        theirs = to_numpy(eng[en])
-        if theirs.size % V:
-            continue  # not [.., rows, vocab]: the comparison says what its shape is
-        rows = theirs.size // V
-        if meta_pos is not None:
-            if len(meta_pos) != rows:
-                raise DiffError(f"the engine's {en!r} holds {rows} rows, but its dump's {META_LOGITS} names "
-                                f"{len(meta_pos)} positions")
-            eng_pos = list(meta_pos)
-        elif rows == T:
-            eng_pos = list(range(T))
-        elif rows == 1:
-            eng_pos = [T - 1]  # an engine that computed the head for the last position only
-        else:
-            raise DiffError(f"logits: the engine's {en!r} holds {rows} rows of the {T}-token input and its dump "
-                            f"does not say which positions (not all {T}, not the last alone); the reference holds "
-                            f"{describe(ref_pos, T)}: cannot line them up (dump the engine's logits for every "
-                            f"position or the last, or name them in {META_LOGITS} metadata)")
-        if not (set(ref_pos) <= set(eng_pos) or set(eng_pos) <= set(ref_pos)):
-            raise DiffError(f"logits: the engine's {en!r} holds {describe(eng_pos, T)}, the reference "
-                            f"{describe(ref_pos, T)}: neither holds the other's, so they cannot be lined up "
-                            "(run the reference with logits= the engine's positions, or 'all')")
-        found.append((name, en, ours, theirs, eng_pos))
-    if not found:
-        return None, None
-    common = set(ref_pos)
-    for *_, eng_pos in found:
-        common &= set(eng_pos)
-    common = sorted(common)
-    if not common:
-        raise DiffError("logits: the engine's " + " and ".join(f"{en!r} ({describe(p, T)})" for _, en, _, _, p in found)
-                        + " hold no position in common with each other and the reference "
-                          f"({describe(ref_pos, T)})")
-    for name, en, ours, theirs, eng_pos in found:
-        if common != eng_pos:
-            if theirs.ndim < 2:
-                raise DiffError(f"logits: the engine's {en!r} {list(theirs.shape)} has no row axis to take "
-                                f"{describe(common, T)} from")
-            eng[en] = _rows_of(theirs, [eng_pos.index(p) for p in common])
-        if common != ref_pos:
-            idx = [ref_pos.index(p) for p in common]
-            values[name] = _rows_of(ours, idx)
-            if noise is not None and name in noise:
-                noise[name] = _rows_of(to_numpy(noise[name]), idx)
-    engine = {en: describe(p, T) for _, en, _, _, p in found}
-    return common, {"compared": describe(common, T), "positions": common if len(common) < T else "all",
-                    "reference": describe(ref_pos, T), "engine": engine, "T": T,
-                    "ops": [name for name, *_ in found]}
-
-
-def _logit_rows(positions, T: int, vocab: int | None):
-    """The LogitRows the local errors recompute the head for (None: every position)."""
-    from workbench.trace.logits import LogitRows
-
-    if positions is None or len(positions) == T:
-        return None
-    ps = list(positions)
-    return LogitRows(range(ps[0], ps[0] + 1) if len(ps) == 1 else tuple(ps), T, "positions", batch=1, vocab=vocab)
-
-
 def _restrict(ref: Reference, logits, T: int) -> tuple[dict, list[int]]:
     """A reference dump's values with its head's rows cut to the positions ``logits`` asks for
     (they must be among the dump's), and those positions."""
@@ -570,7 +334,7 @@ def _restrict(ref: Reference, logits, T: int) -> tuple[dict, list[int]]:
     idx = [have.index(p) for p in want]
     for n in head_ops(ref.order):
         if n in values:
-            values[n] = _rows_of(to_numpy(values[n]), idx)
+            values[n] = rows_of(to_numpy(values[n]), idx)
     return values, want
 
 
@@ -695,7 +459,7 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
         if local and loaded is not None and model.ids:
             with exact_float32():
                 local_errors(report, loaded, aligned, model.ids, dtype=model.dtype, dtypes=model.dtypes,
-                             logit_rows=_logit_rows(compared, T, getattr(loaded, "vocab_size", None)),
+                             logit_rows=logit_rows_for(compared, T, getattr(loaded, "vocab_size", None)),
                              decode=decode)
         _precision_warning(report, model.matmul_precision, emeta)
         report.pattern = glue.pattern(report, ref_values, {**aligned, **printed}, loaded, decode)
@@ -747,7 +511,7 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
     if local and matched:
         with exact_float32():
             local_errors(report, m, aligned, token_ids, dtype=dtype, dtypes=dtypes,
-                         logit_rows=_logit_rows(compared, len(token_ids), getattr(m, "vocab_size", None)),
+                         logit_rows=logit_rows_for(compared, len(token_ids), getattr(m, "vocab_size", None)),
                          decode=decode)
     _precision_warning(report, precision, emeta)
     report.pattern = glue.pattern(report, values, {**aligned, **printed}, m, decode)

@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from workbench.diff.engines import Adapter, EngineError, load
-from workbench.diff.ggml_text import is_eval_callback_text, read_eval_callback  # noqa: F401 (re-exported)
+from workbench.diff.ggml_text import is_eval_callback_text, read_eval_callback  # noqa: F401  (api reads through here)
 
 META_ENGINE = "workbench.engine"
 META_DECODE = "workbench.decode"

@@ -51,7 +51,6 @@ def rope(op: str, ref: np.ndarray, eng: np.ndarray, decode: bool = False) -> dic
     with np.errstate(all="ignore"), __import__("warnings").catch_warnings():
         __import__("warnings").simplefilter("ignore", RuntimeWarning)
         pair0 = np.nanmedian(d[..., 0].reshape(-1, d.shape[-2]), axis=0)  # per position
-        rest = np.nanmax(np.abs(d[..., 1:])) if np.isfinite(d[..., 1:]).any() else 0.0
     tol0 = 1e-3 if not np.isnan(ze).any() else 5e-4 / max(_rms(np.abs(zr)), 1e-30) + 1e-3
     if np.isfinite(pair0).any() and np.all(np.abs(pair0[np.isfinite(pair0)]) < tol0):
         # (called for an op found wrong: with pair 0 right, a position offset is ruled out)
