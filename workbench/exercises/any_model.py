@@ -34,7 +34,6 @@ def _layer_case():
 def _judge_layers(got, want, args):
     if got == want:
         return RIGHT
-    names = args[0]
     if [None if g is None else str(g) for g in got] == [None if w is None else str(w) for w in want]:
         return wrong("return the layer as an int (int(...)), not the text")
     if all(g is not None for g in got):
@@ -51,7 +50,7 @@ def _largest_case():
 register(
     Exercise(
         "09.1", "predict", '"before" or "after"',
-        value("a multimodal model encodes the image and the audio first, then merges them into the token sequence",
+        value("which needs the other's output: the towers' embeddings, or the language model's layers?",
               mistakes=[("after", "the language model's layers read the merged sequence: can they run before the towers produce it?")]),
         expected=lambda: "before",   # tm.ops.index("embed_audio") < tm.ops.index("layers.0") in notebook 09
         solution="""tm.ops.index("embed_audio") < tm.ops.index("layers.0")
@@ -59,7 +58,7 @@ register(
     Exercise(
         "09.2", "predict", "True or False",
         value("compare the float32 trace's largest absmax with float16's limit, 65504",
-              mistakes=[(False, "the overflow was planted in the loud copy; the original's activations are far from 65504")]),
+              mistakes=[(False, "the overflow was planted in the loud copy: how does the original's largest absmax compare with 65504?")]),
         expected=lambda: _phi3_f16().first_nonfinite() is None,
         solution="""t16 = workbench.trace(workbench.load(phi3), "the cat sat on the mat", dtype="float16")
 t16.first_nonfinite() is None, t16.headroom(top=1)"""),

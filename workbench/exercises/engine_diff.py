@@ -40,7 +40,7 @@ register(
     Exercise(
         "06.1", "predict", "True or False",
         value("one layer's error: how large is it against the default NMSE <= 0.01? The error curve above helps",
-              mistakes=[(True, "a single wrong activation in one layer moves the ops' NMSE less than you think: compare with the default limit")]),
+              mistakes=[(True, "read the error curve above: how far is one wrong layer's NMSE from the default limit?")]),
         expected=lambda: False,   # what notebook 06's compare(...).first_divergence finds: None
         solution="""one_bad = run_engine_one_bad("layers.2.mlp.act")     # SiLU in layer 2 only
 write_dump(one_bad, work / "engine_one_bad.npz")

@@ -61,7 +61,7 @@ register(
     Exercise(
         "07.3", "predict", "a tuple (slots of expert 0, experts per token), e.g. (3, 1)",
         fields(("slots of expert 0", "experts per token"),
-               ("a score of -10000 is never among the top two", "top_k still picks two: banning one expert does not shrink k"),
+               ("where does a score of -10000 rank among the four experts?", "does banning an expert change k, the number top_k keeps?"),
                swapped="the right numbers in the wrong order: (slots of expert 0, experts per token)"),
         expected=lambda: (0, int(fx.experts().config["top_k_experts"])),
         solution="""banned = [patch("layers.*.router.proj", ban_expert_0)]

@@ -1,12 +1,38 @@
 """Notebook 04 (NaN hunt): the exercises, their answers and their hints."""
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from workbench.exercises import fixtures as fx
 from workbench.exercises.core import Exercise, array, fields, register, value
 
 SPOT = (0, 3, 0)   # token 3, channel 0 of layers.0, as in the notebook
+
+
+@lru_cache(maxsize=None)
+def _poisoned_f16() -> tuple[str, str]:
+    """Notebook 04's poisoned demo (NaN at layers.2.mlp.down_proj.weight[7, 3]) hunted in float16."""
+    import tempfile
+    from pathlib import Path
+
+    import mlx.core as mx
+
+    from workbench.demo.paths import DEMO
+    from workbench.models import load
+    from workbench.notebook import planted
+    from workbench.trace import hunt
+
+    def poison(ts):
+        k = next(k for k in ts if k.endswith("layers.2.mlp.down_proj.weight"))
+        w = np.array(ts[k].astype(mx.float32))
+        w[7, 3] = np.nan
+        ts[k] = mx.array(w).astype(ts[k].dtype)
+
+    bad = load(planted(DEMO, Path(tempfile.mkdtemp()) / "poisoned", poison))
+    f = hunt(bad, fx.RECALL_PROMPT, dtype="float16").finding
+    return f.op, f.cause
 
 
 def _nan_count(what: float) -> int:
@@ -47,7 +73,7 @@ register(
                ("float16 only changes the range: does anything before the poisoned weight come near 65504?",
                 "the hunt checks an op's weights before it blames the arithmetic"),
                swapped="the op and the cause are swapped: (op name, cause)"),
-        expected=lambda: ("layers.2.mlp.down_proj", "nonfinite-weight"),   # the planted NaN weight, as in float32
+        expected=_poisoned_f16,
         solution="""f16 = hunt(bad, prompt, dtype="float16").finding
 f16.op, f16.cause
 # the same op and cause as in float32: nothing before it comes near float16's limit"""),

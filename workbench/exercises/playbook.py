@@ -20,6 +20,50 @@ def _emulator():
 
 
 @lru_cache(maxsize=None)
+def _notebook_emulator():
+    """Notebook 10's engine: the demo in the checkpoint's own dtype, on its prompt."""
+    from workbench.buffers import Emulator
+    from workbench.demo.paths import DEMO
+    from workbench.models import load
+
+    model = load(DEMO, attention="explicit")
+    ids = model.encode(fx.RECALL_PROMPT)
+    emu = Emulator(model, ids)
+    return model, emu, emu.plan(), len(ids)
+
+
+def _compared(run):
+    from workbench.diff import compare_arrays
+
+    model, _, _, T = _notebook_emulator()
+    return compare_arrays(run.reference, run.outputs, order=model.program.names, tokens=T)
+
+
+@lru_cache(maxsize=None)
+def _over_queries():
+    _, emu, plan, _ = _notebook_emulator()
+    run = emu.run(plan.place("layers.0.self_attn.scores", like="layers.0.self_attn.q_rope"))
+    return bool(run.exact), run.hazards[0].kind if run.hazards else None
+
+
+@lru_cache(maxsize=None)
+def _missing_barrier():
+    _, emu, plan, _ = _notebook_emulator()
+    run = emu.run(plan, mode="concurrent", skip_barriers=["layers.3.self_attn.o_proj"])
+    fd = _compared(run).first_divergence
+    (first, last), = fd.nonfinite["rows"]
+    return int(first), int(last), fd.nonfinite["pattern"], run.hazards[0].kind
+
+
+@lru_cache(maxsize=None)
+def _scores_over_values():
+    _, emu, plan, _ = _notebook_emulator()
+    run = emu.run(plan.place("layers.0.self_attn.scores", like="layers.0.self_attn.v_cache"))
+    fd = _compared(run).first_divergence
+    return fd.op, fd.nonfinite is not None, run.hazards[0].kind
+
+
+@lru_cache(maxsize=None)
 def _late():
     from workbench.diff import compare_arrays
 
@@ -81,7 +125,7 @@ register(
         fields(("exact", "hazard kind"),
                ("follow the element numbers: is each query row read before the scores reach it?",
                 "the output lands on *part* of the bytes an input occupies")),
-        expected=lambda: (True, "partial-overlap"),   # notebook 10's 14-token prompt
+        expected=_over_queries,
         solution="""q_run = emu.run(plan.place("layers.0.self_attn.scores", like="layers.0.self_attn.q_rope"))
 q_run.exact, [hz.kind for hz in q_run.hazards]
 # bit-exact on this input, and still a hazard: from 33 tokens on the scores outrun the
@@ -93,7 +137,7 @@ q_run.exact, [hz.kind for hz in q_run.hazards]
                 "the context has one row per token: where does the unwritten half end?",
                 "whole token rows: the diff's name for that shape",
                 "o_proj reads what another dispatch of the same concurrent stretch writes")),
-        expected=lambda: (7, 13, "block", "raw"),
+        expected=_missing_barrier,
         solution="""late = emu.run(plan, mode="concurrent", skip_barriers=["layers.3.self_attn.o_proj"])
 late_fd = compare_arrays(late.reference, late.outputs, order=model.program.names, tokens=len(ids)).first_divergence
 late_fd.nonfinite["rows"], late_fd.nonfinite["pattern"], [hz.kind for hz in late.hazards]
@@ -105,7 +149,7 @@ late_fd.nonfinite["rows"], late_fd.nonfinite["pattern"], [hz.kind for hz in late
                ("the scores are computed right; which op reads V after the scores overwrote it?",
                 "-3.39e38 times a probability is huge, but is it NaN?",
                 "the reader expected V's bytes and found the scores'")),
-        expected=lambda: ("layers.0.self_attn.context", False, "stale-read"),
+        expected=_scores_over_values,
         solution="""v_run = emu.run(plan.place("layers.0.self_attn.scores", like="layers.0.self_attn.v_cache"))
 v_fd = compare_arrays(v_run.reference, v_run.outputs, order=model.program.names, tokens=len(ids)).first_divergence
 v_fd.op, v_fd.nonfinite is not None, v_run.hazards[0].kind
