@@ -4,7 +4,8 @@ The checkpoints are the committed tiny ones of tests/data/archs (rebuilt bit for
 tensors.json); the engine is transformers' own model of each, float32, eager attention,
 recorded with ``workbench.diff.torch_hooks``; one bug is planted at a time:
 
-* ``llama_clean``, ``qwen3_clean``, ``gemma3_clean``: no bug (the diff must be clean);
+* ``llama_clean``, ``qwen3_clean``, ``gemma3_clean``, ``gemma4_clean``: no bug (the diff must be clean);
+* ``gemma4_softcap``: Gemma 4's final-logit softcap 10 where the checkpoint says 30;
 * ``llama_rope_theta``: rope theta 10000 where the checkpoint says 5000;
 * ``gemma3_norm_w``: Gemma's RMSNorm scale (1 + w) applied as w (every norm);
 * ``qwen3_attn_scale``: layer 1's attention scaling 1/d instead of 1/sqrt(d);
@@ -282,6 +283,9 @@ def main() -> None:
         bf16_accumulate(m.model.layers[1].mlp.down_proj)
         record(m, "llama_bf16_down")
         record_decode(engine(llama), "llama_decode_clean")
+        gemma4 = checkpoint("gemma4_text", tmp)
+        record(engine(gemma4), "gemma4_clean")
+        record(engine(gemma4, final_logit_softcapping=10.0), "gemma4_softcap")
         write_eval_callback(record_decode(engine(llama), "llama_decode_kv_off", off=1), "llama_decode_kv_off")
         gemma_norm_as_w()
         write_gemma_eval_callback(record(engine(gemma3), "gemma3_norm_w"), "gemma3_norm_w")

@@ -29,7 +29,7 @@ def ckpt(tmp_path_factory):
     from make_arch_refs import HERE as ARCHS, write_checkpoint
 
     root = tmp_path_factory.mktemp("engines")
-    return {c: str(write_checkpoint(root / c, ARCHS / c)) for c in ("llama", "qwen3", "gemma3_text")}
+    return {c: str(write_checkpoint(root / c, ARCHS / c)) for c in ("llama", "qwen3", "gemma3_text", "gemma4_text")}
 
 
 #: (dump, checkpoint, the op where the bug enters, how it is found, pattern)
@@ -38,6 +38,7 @@ BUGS = [
     ("gemma3_norm_w", "gemma3_text", "layers.0.input_layernorm", "divergence", "norm-scale-w"),
     ("qwen3_attn_scale", "qwen3", "layers.1.self_attn.softmax", "divergence", "attention-scale"),
     ("gemma3_softcap", "gemma3_text", "logits", "divergence", "softcap"),
+    ("gemma4_softcap", "gemma4_text", "logits", "local", "softcap"),
     ("llama_bf16_down", "llama", "layers.1.mlp.down_proj", "local", "precision"),
     ("llama_decode_kv_off", "llama", "layers.0.self_attn.q_rope", "divergence", "rope-position"),
 ]
@@ -57,11 +58,14 @@ def test_planted_bug_found_at_its_op(ckpt, capsys, dump, case, op, how, pattern)
         assert out["first_divergence"] is None
         assert out["first_local_divergence"] == op
     assert out["pattern"]["op"] == op and out["pattern"]["pattern"] == pattern
+    if dump == "gemma4_softcap":
+        assert "engine's cap is ~10, ours ~30" in out["pattern"]["text"]
     assert out["decode"] == dump.startswith("llama_decode")
 
 
 @pytest.mark.parametrize("dump,case", [("llama_clean", "llama"), ("qwen3_clean", "qwen3"),
-                                       ("gemma3_clean", "gemma3_text"), ("llama_decode_clean", "llama")])
+                                       ("gemma3_clean", "gemma3_text"), ("gemma4_clean", "gemma4_text"),
+                                       ("llama_decode_clean", "llama")])
 def test_clean_engine_is_clean_without_map(ckpt, capsys, dump, case):
     rc = main(["diff", ckpt[case], str(DATA / f"{dump}.safetensors"), "--json"])  # the dump names its engine
     out = json.loads(capsys.readouterr().out)
@@ -70,8 +74,10 @@ def test_clean_engine_is_clean_without_map(ckpt, capsys, dump, case):
     assert out["coverage"]["ops_compared"] >= 38
     ops = {o["op"] for o in out["ops"]}  # the ops only hooks and the RoPE wrapper see are compared
     assert {"layers.0.self_attn.q_rope", "layers.0.self_attn.context", "layers.1.mlp.act", "logits"} <= ops
-    if dump.startswith("gemma3"):
+    if dump.startswith("gemma"):
         assert "embed_scale" in ops and "layers.1.pre_feedforward_layernorm" in ops
+    if dump.startswith("gemma4"):  # per-layer inputs (PLE) too
+        assert {"per_layer_embed_scale", "per_layer_projection_norm", "layers.3.per_layer_input_act"} <= ops
 
 
 def test_decode_step_compares_the_last_row(ckpt):

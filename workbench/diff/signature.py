@@ -127,6 +127,39 @@ def softmax(op: str, ref: np.ndarray, eng: np.ndarray) -> dict | None:
                     + ": a softcap (cap x tanh(s / cap)) or clamp differs"}
 
 
+def _fit_cap(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(cap, relative residual) of y ~ cap x tanh(x / cap); cap inf when y ~ x fits best."""
+    amax = float(max(np.abs(x).max(), np.abs(y).max(), 1e-30))
+    best = (_rms(x - y) / max(_rms(y), 1e-30), math.inf)
+    for c in np.geomspace(amax / 50, amax * 50, 400):
+        res = _rms(c * np.tanh(x / c) - y) / max(_rms(y), 1e-30)
+        if res < best[0]:
+            best = (res, float(c))
+    if math.isfinite(best[1]):
+        c0 = best[1]
+        for c in np.linspace(c0 * 0.97, c0 * 1.03, 301):
+            res = _rms(c * np.tanh(x / c) - y) / max(_rms(y), 1e-30)
+            if res < best[0]:
+                best = (res, float(c))
+    return best[1], best[0]
+
+
+def softcap_from(op: str, pre: np.ndarray, ref: np.ndarray, eng: np.ndarray) -> dict | None:
+    """Both sides' caps fitted against the values before the cap (``lm_head``, which agree)."""
+    x = np.asarray(pre, np.float64).ravel()
+    r, e = np.asarray(ref, np.float64).ravel(), np.asarray(eng, np.float64).ravel()
+    if not (x.size == r.size == e.size) or not x.size:
+        return None
+    ce, re_ = _fit_cap(x, e)
+    cr, rr = _fit_cap(x, r)
+    if re_ > 1e-3 or rr > 1e-3 or (math.isinf(ce) and math.isinf(cr)):
+        return None
+    word = lambda c: "none" if math.isinf(c) else f"~{c:.3g}"
+    return {"op": op, "pattern": "softcap",
+            "text": f"both sides are cap x tanh(x / cap) of the head's output (which agrees): the engine's cap is "
+                    f"{word(ce)}, ours {word(cr)}: the logit softcap differs (final_logit_softcapping)"}
+
+
 def softcap(op: str, ref: np.ndarray, eng: np.ndarray) -> dict | None:
     """The engine's values are cap x tanh(ours / cap) (or ours are that of the engine's): a
     softcap where we have none or another cap; the cap is fitted."""
@@ -195,7 +228,11 @@ def read(report, ref: Mapping[str, Any], aligned: Mapping[str, Any], model=None,
                     w = None
             out = norm(name, r, e, w)
         elif leaf == "logits":
-            out = softcap(name, r, e)
+            pre = ref.get("lm_head") if hasattr(ref, "get") else None
+            if pre is not None:
+                out = softcap_from(name, to_numpy(pre), r, e)
+            if out is None:
+                out = softcap(name, r, e)
     if out is None and od.local_diverged and od.local_nmse is not None and od.local_nmse < 1e-2:
         out = precision(name, od.local_nmse)
     if out is None and od.position_reading:

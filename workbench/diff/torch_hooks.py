@@ -9,8 +9,9 @@ the module's own path (``model.layers.3.self_attn.q_proj``):
 
 * every module's output (a tuple's tensors as ``NAME.0``, ``NAME.1``; a ModelOutput's as
   ``NAME.logits`` ...; the root model's outputs by their key alone: ``logits``);
-* the input of every module named ``o_proj`` / ``down_proj`` (``NAME#input``: the attention
-  context and the MLP's gated activation, which no module outputs);
+* the input of every module named ``o_proj`` / ``down_proj`` / ``per_layer_projection``
+  (``NAME#input``: the attention context, the MLP's and Gemma 4's per-layer gated activation,
+  which no module outputs);
 * the queries and keys before and after RoPE, ``ATTN.rope_q_in`` / ``rope_k_in`` /
   ``rope_q`` / ``rope_k``, by wrapping the modeling module's ``apply_rotary_pos_emb`` while
   the hooks are on (RoPE is a function in transformers, not a module).
@@ -29,7 +30,7 @@ import sys
 import numpy as np
 
 #: modules whose *input* is recorded too (``NAME#input``)
-INPUT_OF = ("o_proj", "down_proj")
+INPUT_OF = ("o_proj", "down_proj", "per_layer_projection")
 
 
 class TorchRecorder:
@@ -41,6 +42,7 @@ class TorchRecorder:
         self._handles: list = []
         self._patched: list = []
         self._attn: list[str] = []  # the attention module running now (for RoPE's outputs)
+        self._rope_calls: dict[str, int] = {}  # one-tensor RoPE calls so far in that module (q, then k)
         self.dtype: str | None = None
 
     # -- recording ------------------------------------------------------------------
@@ -103,6 +105,7 @@ class TorchRecorder:
     def _enter_attn(self, name):
         def hook(module, args):
             self._attn.append(name)
+            self._rope_calls.pop(name, None)
         return hook
 
     def _patch_rope(self) -> None:
@@ -114,18 +117,38 @@ class TorchRecorder:
             seen.add(id(m))
             orig = m.apply_rotary_pos_emb
 
-            def wrapped(q, k, *a, __orig=orig, **kw):
-                out = __orig(q, k, *a, **kw)
-                if self._attn:
-                    at = self._attn[-1]
-                    self._put(f"{at}.rope_q_in", q)
-                    self._put(f"{at}.rope_k_in", k)
-                    self._put(f"{at}.rope_q", out[0])
-                    self._put(f"{at}.rope_k", out[1])
+            def wrapped(*a, __orig=orig, **kw):
+                out = __orig(*a, **kw)
+                try:  # recording never breaks the engine's forward
+                    self._record_rope(a, out)
+                except Exception:
+                    pass
                 return out
 
             self._patched.append((m, "apply_rotary_pos_emb", orig))
             m.apply_rotary_pos_emb = wrapped
+
+    def _record_rope(self, args, out) -> None:
+        """``apply_rotary_pos_emb(q, k, cos, sin) -> (q, k)`` (most families) or ``(x, cos, sin) -> x``
+        called for the queries, then the keys (Gemma 4)."""
+        import torch
+
+        if not self._attn:
+            return
+        at = self._attn[-1]
+        if isinstance(out, (tuple, list)) and len(out) >= 2 and len(args) >= 2:
+            pairs = [("q", args[0], out[0]), ("k", args[1], out[1])]
+        elif isinstance(out, torch.Tensor) and args:
+            n = self._rope_calls.get(at, 0)
+            self._rope_calls[at] = n + 1
+            if n > 1:
+                return
+            pairs = [("qk"[n], args[0], out)]
+        else:
+            return
+        for which, x, y in pairs:
+            self._put(f"{at}.rope_{which}_in", x)
+            self._put(f"{at}.rope_{which}", y)
 
     # -- results --------------------------------------------------------------------
     def clear(self) -> None:
@@ -161,7 +184,7 @@ def torch_hooks(model, inputs_of=INPUT_OF) -> TorchRecorder:
     """A recorder of every module output of ``model`` (a torch ``nn.Module``), active inside
     ``with``; see the module docstring."""
     try:
-        import torch  # noqa: F401
+        import torch  # noqa: F401  (a clear error here rather than inside the hooks)
     except ImportError:
         raise ImportError("workbench.diff.torch_hooks records a PyTorch model: install torch") from None
     return TorchRecorder(model, inputs_of)
