@@ -189,3 +189,18 @@ def test_llama_cpp_gemma3_names_views_and_output_rows(ckpt, capsys):
     rc, out = run("gemma3_norm_w")
     assert rc == 1 and out["first_divergence"]["op"] == "layers.0.input_layernorm"
     assert out["pattern"]["pattern"] == "norm-scale-w"
+
+
+def test_against_a_reference_dump(ckpt, tmp_path, capsys):
+    """The adapters, --decode and the llama.cpp text work against `workbench dump`'s file too."""
+    ref = tmp_path / "ref.safetensors"
+    assert main(["dump", ckpt["llama"], "--ids", IDS, "--out", str(ref)]) == 0
+    capsys.readouterr()
+    rc = main(["diff", str(ref), str(DATA / "llama_decode_kv_off.safetensors"), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 1 and out["decode"] and out["first_divergence"]["op"] == "layers.0.self_attn.q_rope"
+    assert out["pattern"]["pattern"] == "rope-position"
+    rc = main(["diff", str(ref), str(DATA / "llama_clean.ggml.txt"), "--engine", "llama.cpp", "--max-nmse", "1e-4",
+               "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["unmatched_engine"] == [] and out["coverage"]["ops_compared"] == 33
