@@ -25,9 +25,9 @@ OP_FAMILIES = {
     "qwen3": "qwen3", "llama": "llama", "mistral": "llama", "qwen2": "llama",
 }
 
-#: config model_type -> family whose expected checkpoint tensors are written out by hand (the
-#: family files' ``tensors``, checkpoint/arch.py for Gemma 3n): the op families, and Gemma 3n (mlx-lm reads its per-layer
-#: intermediate sizes, mlx-vlm's model does not).  Every other model type's expected
+#: config model_type -> family whose expected checkpoint tensors are written out by hand: the
+#: op families (their files' ``tensors``), and Gemma 3n (checkpoint/arch.py: mlx-lm reads its
+#: per-layer intermediate sizes, mlx-vlm's model does not).  Every other model type's expected
 #: tensors come from its reference model's parameters (checkpoint/reference_arch.py).
 TABLE_FAMILIES = {**OP_FAMILIES, "gemma3n": "gemma3n", "gemma3n_text": "gemma3n"}
 
@@ -149,7 +149,7 @@ def op_family(config: Mapping) -> str | None:
 
 
 def table_family(config: Mapping) -> str | None:
-    """The family of checkpoint/arch.py's hand-written tensor tables for a config, or None
+    """The family of a hand-written tensor table for a config, or None
     (then the reference model's parameters are the expected tensors)."""
     return _family(config, TABLE_FAMILIES)
 
