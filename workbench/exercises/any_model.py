@@ -20,6 +20,23 @@ def _phi3_f16():
     return trace(load(path), PROMPT, dtype="float16")
 
 
+@lru_cache(maxsize=None)
+def _towers_first() -> str:
+    """Notebook 09's multimodal Gemma 4 trace (an image and a clip): embed_audio before layers.0?"""
+    import numpy as np
+
+    from workbench.models import load
+    from workbench.trace import trace
+    from workbench.zoo.multimodal import build_gemma4
+
+    mm = load(build_gemma4(Path(tempfile.mkdtemp()) / "gemma4"), granularity="module")
+    image = (np.indices((16, 16)).sum(0) * 8 % 256).astype(np.uint8)[..., None].repeat(3, -1)
+    clip = (0.3 * np.sin(2 * np.pi * 440 * np.arange(3200) / 16000)).astype(np.float32)
+    tm = trace(mm, [5, 6, 7], images=[image], audio=[clip])
+    tm.run()
+    return "before" if tm.ops.index("embed_audio") < tm.ops.index("layers.0") else "after"
+
+
 def _steps():
     t = _phi3_f16()
     t.first_nonfinite()          # runs it (statistics on)
@@ -52,7 +69,7 @@ register(
         "09.1", "predict", '"before" or "after"',
         value("which needs the other's output: the towers' embeddings, or the language model's layers?",
               mistakes=[("after", "the language model's layers read the merged sequence: can they run before the towers produce it?")]),
-        expected=lambda: "before",   # tm.ops.index("embed_audio") < tm.ops.index("layers.0") in notebook 09
+        expected=_towers_first,
         solution="""tm.ops.index("embed_audio") < tm.ops.index("layers.0")
 # the towers run first, then the language model on the merged sequence"""),
     Exercise(

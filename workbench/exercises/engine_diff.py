@@ -25,6 +25,46 @@ def _pairs():
     return out
 
 
+NAMES = {"attn_norm": "input_layernorm", "attn_out": "self_attn.o_proj", "ffn_inp": "attn_residual",
+         "ffn_act": "mlp.act", "ffn_out": "mlp.down_proj", "l_out": ""}   # notebook 06's engine names
+
+
+@lru_cache(maxsize=None)
+def _one_bad_engine() -> tuple[bool, str | None]:
+    """Notebook 06's subtler engine (SiLU in layer 2's activation only, bfloat16), dumped under
+    its own names and diffed: (found a divergence by default, first divergence with a noise floor)."""
+    import dataclasses
+    import tempfile
+    from pathlib import Path
+
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from workbench.demo.paths import DEMO
+    from workbench.diff import compare
+    from workbench.models import load
+    from workbench.program import Program, execute
+
+    model = load(DEMO, attention="explicit")
+    ids = model.encode(fx.COPY_PROMPT)
+    ops = [dataclasses.replace(op, fn=lambda ctx, gate, up: nn.silu(gate) * up) if op.name == "layers.2.mlp.act" else op
+           for op in model.program.ops]
+    vals = execute(Program(ops, model.program.inputs), model.context("bfloat16"), model.feeds(mx.array([ids])),
+                   keep=lambda n: True)
+    vals = {k: np.array(v.astype(mx.float32))[0] for k, v in vals.items() if k in model.program.names}
+    dump = {"tok_embd": vals["embed_scale"], "result_output": vals["logits"]}
+    for i in range(model.num_layers):
+        for theirs, ours in NAMES.items():
+            dump[f"blk.{i}.{theirs}"] = vals[f"layers.{i}" + (f".{ours}" if ours else "")]
+    path = Path(tempfile.mkdtemp()) / "engine_one_bad.npz"
+    np.savez(path, **dump)
+    rules = [[r"^tok_embd$", "embed_scale"], [r"^result_output$", "logits"], [r"^blk\.(\d+)\.l_out$", r"layers.\1"]] + \
+        [[rf"^blk\.(\d+)\.{theirs}$", rf"layers.\1.{ours}"] for theirs, ours in NAMES.items() if ours]
+    loose = compare(model, path, ids=ids, rules=rules, dtype="float32")
+    tight = compare(model, path, ids=ids, rules=rules, noise_floor="bfloat16")
+    return loose.first_divergence is not None, tight.first_divergence.op if tight.first_divergence else None
+
+
 def _metric_case(key):
     from workbench.diff.metrics import error_metrics
 
@@ -41,7 +81,7 @@ register(
         "06.1", "predict", "True or False",
         value("one layer's error: how large is it against the default NMSE <= 0.01? The error curve above helps",
               mistakes=[(True, "read the error curve above: how far is one wrong layer's NMSE from the default limit?")]),
-        expected=lambda: False,   # what notebook 06's compare(...).first_divergence finds: None
+        expected=lambda: _one_bad_engine()[0],
         solution="""one_bad = run_engine_one_bad("layers.2.mlp.act")     # SiLU in layer 2 only
 write_dump(one_bad, work / "engine_one_bad.npz")
 loose = compare(model, work / "engine_one_bad.npz", ids=ids, rules=rules, dtype="float32")
@@ -53,7 +93,7 @@ loose.first_divergence is not None
         value("the noise floor holds each op to 10x the error of a correct bfloat16 run: which op is wrong first?",
               mistakes=[("layers.2.mlp.down_proj", "that op reads the wrong one: with a noise floor the diff can name the wrong op itself"),
                         ("logits", "the noise floor is per op: it does not wait for the logits")]),
-        expected=lambda: "layers.2.mlp.act",   # the op notebook 06's engine computes with SiLU
+        expected=lambda: _one_bad_engine()[1],
         solution="""tight = compare(model, work / "engine_one_bad.npz", ids=ids, rules=rules, noise_floor="bfloat16")
 tight.first_divergence.op
 # exactly the wrong op: measured against the error a correct bfloat16 run makes at each op,

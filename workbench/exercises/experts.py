@@ -15,6 +15,23 @@ def _last_token_experts():
     return [int(e) for e in np.array(_tr().value("layers.2.router.top_k"))[0, -1]]
 
 
+def _banned() -> tuple[int, int]:
+    """Notebook 07's intervention (expert 0's router score set to -10000 in every layer):
+    (layer 0's slots of expert 0, experts per token)."""
+    import mlx.core as mx
+
+    from workbench.trace import patch, trace
+
+    def ban_expert_0(scores):
+        return mx.concatenate([mx.full(scores[..., :1].shape, -1e4, scores.dtype), scores[..., 1:]], axis=-1)
+
+    t3 = trace(fx.experts(), fx.RECALL_PROMPT, capture=["layers.*.router.top_k"],
+               interventions=[patch("layers.*.router.proj", ban_expert_0)])
+    t3.run()
+    k0 = np.array(t3.value("layers.0.router.top_k"))[0]
+    return int((k0 == 0).sum()), int(k0.shape[-1])
+
+
 def _route_case():
     tr = _tr()
     return (fx.v(tr, "layers.0.router.proj"), 2), np.array(tr.value("layers.0.router.top_k"))[0]
@@ -63,7 +80,7 @@ register(
         fields(("slots of expert 0", "experts per token"),
                ("where does a score of -10000 rank among the four experts?", "does banning an expert change k, the number top_k keeps?"),
                swapped="the right numbers in the wrong order: (slots of expert 0, experts per token)"),
-        expected=lambda: (0, int(fx.experts().config["top_k_experts"])),
+        expected=_banned,
         solution="""banned = [patch("layers.*.router.proj", ban_expert_0)]
 t3 = workbench.trace(model, prompt, capture=["layers.*.router.top_k"], interventions=banned)
 t3.run()

@@ -2,11 +2,24 @@
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
 
 from workbench.exercises import fixtures as fx
 from workbench.exercises.core import Exercise, array, fields, register, value
+
+
+def _mean_vs_zero() -> str:
+    """Notebook 03's ablation of both induction heads: mean (over 100 held-out prompts) vs zero."""
+    from workbench import causal as C
+    from workbench.demo import corpus
+
+    pair = (C.head(1, 0), C.head(1, 1))
+    zero = C.ablate(fx.demo(), fx.COPY_PROMPT, [pair], mode="zero").values[0]
+    mean = C.ablate(fx.demo(), fx.COPY_PROMPT, [pair], mode="mean",
+                    reference=[e.prompt for e in corpus.heldout(50)]).values[0]
+    return "lower" if mean < zero else "higher"
 
 
 def _largest_in_layer_1() -> str:
@@ -49,7 +62,7 @@ register(
         value("a mean is not 'no message': it is a fixed message, written at every position",
               mistakes=[("higher", "the mean output is a typical message, the same everywhere: does it help the backup head, or override it?"),
                         ("same", "zero and mean ablation remove different things: a zero the norm rescales away, a mean it cannot")]),
-        expected=lambda: "lower",   # docs/causal.md measures it on 100 held-out prompts
+        expected=lru_cache(maxsize=None)(_mean_vs_zero),
         solution="""from workbench.demo import corpus
 reference = [e.prompt for e in corpus.heldout(50)]
 mean = C.ablate(model, prompt, [pairs], mode="mean", reference=reference)
