@@ -221,3 +221,31 @@ def test_small_outputs_reduced_together_equal_one_by_one(run, monkeypatch):
         scale = max(abs(want["min"]), abs(want["max"]))
         for k in ("min", "max", "mean", "std"):
             assert b[k] == pytest.approx(want[k], rel=1e-6, abs=1e-6 * scale), (k, b[k], want[k])
+
+
+def test_no_finite_value_is_none_in_the_trace_the_checkpoint_scan_and_json():
+    """One convention (workbench/stats_schema.py): a tensor with no finite value has None for
+    min, max, mean, std and absmax -- a trace's statistics on either path, a checkpoint scan's
+    and their JSON alike; its counts say what it holds."""
+    import json
+
+    from workbench.checkpoint.values import Stats
+    from workbench.stats_schema import SUMMARY
+
+    a = np.array([np.nan, np.inf, -np.inf, np.nan], np.float32)
+    host, dev = S.evaluate([mx.array(a)], host=True)[0], S.evaluate([mx.array(a)], host=False)[0]
+    scan = Stats()
+    scan.add(a.copy())
+    scan = scan.to_dict()
+    for d in (host, dev, scan):
+        assert [d[k] for k in SUMMARY] == [None] * 5 and (d["nan"], d["posinf"], d["neginf"]) == (2, 1, 1), d
+        assert json.loads(json.dumps(S.jsonable(d), allow_nan=False)) == S.jsonable(d)
+    assert host["headroom"] == math.inf and S.jsonable(host)["headroom"] is None  # (JSON holds no Inf)
+    fill = S.evaluate([mx.full((8,), -S.dtype_max(mx.float16), mx.float16)])[0]  # all mask fill
+    assert fill["masked"] == 8 and fill["min"] is None and fill["headroom"] is None
+    b = np.array([np.nan, -2.0, 3.0], np.float32)  # finite values: numbers, the same in both
+    t, c = S.evaluate([mx.array(b)])[0], Stats()
+    c.add(b.copy())
+    c = c.to_dict()
+    assert (t["min"], t["max"], t["absmax"]) == (c["min"], c["max"], c["absmax"]) == (-2.0, 3.0, 3.0)
+    assert t["mean"] == pytest.approx(c["mean"]) == 0.5

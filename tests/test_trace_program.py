@@ -55,7 +55,7 @@ def new_trace(extra_ops=(), dtype=mx.float32, **kw):
 
 def test_stepping_equals_run_and_execute():
     t, _ = new_trace(capture="full")
-    ref = execute(t.program, t.ctx, t._feeds)["logits"]
+    ref = execute(t.program, t.ctx, {"x": t.value("x")})["logits"]
     names = []
     while not t.done:
         names.append(t.step().name)
