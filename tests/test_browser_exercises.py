@@ -4,8 +4,8 @@ Playwright), Run All, then the learner's moves.
 * After Run All the page shows no solution and no expected answer (each exercise's
   giveaways and solution lines, from workbench.exercises, are absent from the page's text),
   and every exercise cell says "no answer yet" or "returns nothing yet".
-* A representative set of exercises (a prediction with named parts, an order-sensitive
-  and an array "implement it") is answered in its own cell, edited in the browser, with a
+* A representative set of exercises (predictions with named parts, order-insensitive and
+  swapped pairs; order-sensitive and array "implement it", one of them fed NaN and inf) is answered in its own cell, edited in the browser, with a
   wrong, a partly right and a right answer: three different verdicts, the last "right".
   The right answers are computed in the kernel (the expected value, or the worked
   solution's function), never typed here.
@@ -50,6 +50,16 @@ ANSWERS = {
     "01.3": ["check('01.3', lambda s: s * 0)",
              "check('01.3', lambda s: np.concatenate([right(s)[:-1], right(s)[-1:] + 1]))",
              "check('01.3', right)"],
+    # the checker needs none of the notebook's variables: other notebooks' exercises, in the same kernel
+    "07.1": ["check('07.1', [9, 8])",
+             "check('07.1', [ex.expected()[0], 9])",
+             "check('07.1', ex.expected()[::-1])"],                                # any order is right
+    "07.3": ["check('07.3', (5, 5))",
+             "check('07.3', tuple(ex.expected())[::-1])",                         # the right pair, swapped
+             "check('07.3', ex.expected())"],
+    "04.4": ["check('04.4', lambda x, w, eps: x)",
+             "check('04.4', lambda x, w, eps: x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps))",   # no weight
+             "check('04.4', right)"],
 }
 JS_NEW_CELL = """async () => {
   const app = window.jupyterapp, nb = app.shell.currentWidget.content;
