@@ -19,9 +19,9 @@ views, float32 BLAS sums: 1e-4) the same way.
 The kernel is the package's (``workbench/trace/stats/stats_kernel.cu``, loaded as text by
 ``workbench.trace.stats.cuda``), reached three ways: straight (``cuda_parts`` /
 ``cuda_finish``), through the dispatch (``stats.evaluate``: ``Pending`` on the CUDA path),
-and through a trace of ``assets/demo`` (``capture="stats"`` in bfloat16: every op's statistics
-from the kernel, folded per batch) held to the same trace with the host path
-(``WORKBENCH_STATS=host``): counts, min and max equal, the rest within 1e-4.
+and through a trace of ``assets/demo`` (bfloat16, every value captured: every op's statistics
+from the kernel, folded per batch) held to the host path's statistics of the same values:
+counts, min and max equal, the rest within 1e-4.
 """
 from __future__ import annotations
 
@@ -141,24 +141,18 @@ def main(argv=None) -> int:
 
 
 def check_trace() -> int:
-    """A bfloat16 trace of assets/demo with statistics from the kernel, against the same trace
-    with the host path: the number of ops whose statistics differ (each printed)."""
-    import os
-
+    """A bfloat16 trace of assets/demo, every value captured, its statistics made by the kernel
+    (through the trace's batches and ``Pending``), against the host path's statistics of the
+    very same values: the number of ops whose statistics differ (each printed)."""
     demo = Path(__file__).resolve().parent.parent / "assets" / "demo"
     model = workbench.load(demo)
     ids = [(5 * i + 2) % model.vocab_size for i in range(40)]
-    kern = workbench.trace(model, ids, capture="stats", dtype="bfloat16")
-    kern.run()
-    os.environ["WORKBENCH_STATS"] = "host"
-    try:
-        host = workbench.trace(model, ids, capture="stats", dtype="bfloat16")
-        host.run()
-    finally:
-        del os.environ["WORKBENCH_STATS"]
+    t = workbench.trace(model, ids, capture="full", dtype="bfloat16")
+    t.run()
+    host = stats.evaluate([t.value(n) for n in t.ops], host=True)
     bad = 0
-    for name in kern.ops:
-        k, h = kern.stats(name), host.stats(name)
+    for name, h in zip(t.ops, host):
+        k = t.stats(name)
         for key, w in h.items():
             exact = key in ("nan", "posinf", "neginf", "masked", "min", "max", "absmax", "zero_frac")
             if not close(k[key], w, exact, 1e-4, (h["std"] or 0.0) if key == "mean" else 0.0):
