@@ -138,7 +138,7 @@ GLOSSARY = {
     "−inf": "negative infinity",
     "-inf": "negative infinity",
     "headroom": MEANING["headroom"],
-    "fp16": "float16: 16-bit floats, largest finite value 65504",
+    "fp16": f"float16: 16-bit floats, largest finite value {FP16_MAX:g}",
     "bf16": "bfloat16: 16-bit floats with float32's range (largest ~3.4e38) and fewer digits",
     "RMS": "root mean square: sqrt(mean(x²))",
     "‖x‖": "L2 norm of a token's residual vector: sqrt(sum of squares over channels)",
