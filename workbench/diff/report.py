@@ -613,10 +613,17 @@ def compare_arrays(reference: Mapping[str, Any], engine: Mapping[str, Any], orde
     unmatched_reference = [n for n in order if n not in matched]
     dropped = [en for en in unmatched_engine if renamed.get(en) == ""]
     suggestions = {}
-    for en in unmatched_engine:
-        close = difflib.get_close_matches(renamed.get(en, en), order, n=1, cutoff=0.75)
+    for i, en in enumerate(unmatched_engine):
+        name = renamed.get(en, en)
+        close = difflib.get_close_matches(name, order, n=1, cutoff=0.75)
         if close:
             suggestions[en] = close[0]
+            continue
+        # else the longest op name inside the engine's, between dots (model.layers.0.q_proj.output)
+        dotted = f".{name}."
+        inside = [o for o in order if f".{o}." in dotted] if i < 200 else []
+        if inside:
+            suggestions[en] = max(inside, key=len)
     return DiffReport(ops=ops, order=order, unmatched_engine=unmatched_engine,
                       unmatched_reference=unmatched_reference, tolerance=tol, renamed=renamed,
                       suggestions=suggestions, noise_dtype=noise_dtype if noise is not None else None,
