@@ -1,13 +1,20 @@
 """Errors shared by library modules and the command line.
 
 ``UsageError`` is unusable input: the CLI reports it as one line on stderr and exits 2.
-Library modules raise it from here, so none of them imports the CLI.
+Library modules raise it from here, so none of them imports the CLI.  ``ConfigError``: a
+config.json that cannot be used as written, one class for every reader of configs.
 """
 from __future__ import annotations
 
 
 class UsageError(Exception):
     """Unusable input: reported as one line on stderr, exit status 2."""
+
+
+class ConfigError(ValueError):
+    """config.json does not describe a model we can run or check as written (the message
+    names the key): raised by the family files, the reference's config readers and
+    corrections, and the reference tables alike."""
 
 
 def parse_ids(text: str) -> list[int]:

@@ -61,10 +61,7 @@ def _from_reference(config: dict) -> Arch:
     parameters (reference_arch.py)."""
     from workbench.checkpoint import reference_arch as R
 
-    try:
-        r = R.reference_tensors(config)
-    except R.ConfigError as e:
-        raise ConfigError(str(e)) from None
+    r = R.reference_tensors(config)  # (ConfigError naming what the reference cannot build)
     tc = text_config(config)
     lt = tc.get("layer_types")
     a = Arch(r.family, dict(tc), r.num_layers, layer_types=list(lt) if isinstance(lt, list) else [], tied=r.tied,

@@ -23,10 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.checkpoint.reference_config import COMMON_IGNORED  # (one list for both granularities)
-
-
-class ConfigError(ValueError):
-    """config.json does not describe a usable model (message names the field)."""
+from workbench.errors import ConfigError  # noqa: F401  (re-exported: the family files raise it)
 
 
 @dataclass(frozen=True)

@@ -39,11 +39,7 @@ from dataclasses import dataclass, field
 from workbench import registry
 from workbench.checkpoint import names as N
 from workbench.checkpoint import reference_config
-
-
-class ConfigError(ValueError):
-    """The reference cannot build a model from this config.json (message names why);
-    arch.py reports it as its own ConfigError (bad-config)."""
+from workbench.errors import ConfigError  # (the reference cannot build a model from this config.json)
 
 
 @dataclass
@@ -175,10 +171,8 @@ def build_model(config: Mapping, library: str | None = None, *, placeholders: bo
                           "neither mlx-lm nor mlx-vlm builds it, and workbench has no table for it "
                           f"({', '.join(sorted(registry.TABLE_FAMILIES))})") from None
     _check_numbers(config)
-    try:  # (the config as the reference reads it: the same normalising as loading)
-        cfg = reference_config.normalise(config, lib, name).config
-    except reference_config.ConfigError as e:
-        raise ConfigError(str(e)) from None
+    # (the config as the reference reads it: the same normalising as loading)
+    cfg = reference_config.normalise(config, lib, name).config
     who = f"{lib.replace('_', '-')}'s {name}"
     try:
         mod = registry.import_reference(lib, name)

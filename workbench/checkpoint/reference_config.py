@@ -37,11 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from workbench import registry
-
-
-class ConfigError(ValueError):
-    """config.json holds something the reference would silently get wrong (message names it)."""
-
+from workbench.errors import ConfigError  # (config.json holds something the reference would get wrong)
 
 #: keys any Hugging Face / MLX config may carry that do not change a text model's logits:
 #: provenance, storage dtype, token ids, generation and training settings, and what is

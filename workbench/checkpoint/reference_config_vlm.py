@@ -32,10 +32,12 @@ import importlib
 from typing import Mapping
 
 from workbench.checkpoint.reference_config import COMMON_IGNORED, equal, original_config, show
+from workbench.errors import ConfigError
 
 
-class VLMConfigError(ValueError):
-    """config.json holds something mlx-vlm would silently get wrong (the message names it)."""
+#: config.json holds something mlx-vlm would silently get wrong (the message names it): the one
+#: ConfigError (workbench.errors), under the name this module has always raised
+VLMConfigError = ConfigError
 
 
 #: never change the numbers of a forward (besides COMMON_IGNORED)

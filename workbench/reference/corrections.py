@@ -26,6 +26,8 @@ from typing import Mapping
 import mlx.core as mx
 import mlx.nn as nn
 
+from workbench.errors import ConfigError  # (what mlx-lm computes differently, and cannot be corrected)
+
 #: config activation name -> MLX function (the tanh forms are one formula)
 ACTIVATIONS = {"gelu": nn.gelu, "gelu_pytorch_tanh": nn.gelu_approx, "gelu_new": nn.gelu_approx,
                "gelu_fast": nn.gelu_approx, "silu": nn.silu, "swish": nn.silu}
@@ -40,10 +42,6 @@ FAMILIES = {
     "gemma": ("MLP", _GATED, "gelu"),
 }
 _KEYS = ("hidden_activation", "hidden_act", "activation_function")
-
-
-class ConfigError(ValueError):
-    pass
 
 
 def configured(config: Mapping) -> str | None:
