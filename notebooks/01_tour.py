@@ -68,7 +68,9 @@ print(cfg["layer_types"])
 # %% [markdown]
 # ## It works: greedy generation
 #
-# `workbench.generate` decodes greedily with a KV cache (notebook 08 opens it up).
+# `workbench.generate` decodes greedily with a KV cache (notebook 08 opens it up). It stops
+# after the end-of-text token `<eos>` (the checkpoint's `eos_token_id`; `past_eos=True`
+# keeps going to `max_tokens`).
 
 # %%
 for prompt in ["apple river stone cloud | apple", "mia red kite . tom blue cup . anna green hat . tom"]:
@@ -103,7 +105,7 @@ tr.run()
 print(tr)
 tokens = [model.decode([i]) for i in tr.ids[0].tolist()]
 print(tokens)
-probs = mx.softmax(tr.logits[-1].astype(mx.float32), axis=-1)
+probs = mx.softmax(tr.logits[0, -1].astype(mx.float32), axis=-1)   # logits: [batch, position, vocab]
 top = mx.argsort(-probs)[:3].tolist()
 print("next token:", [(model.decode([t]), round(probs[t].item(), 3)) for t in top])
 

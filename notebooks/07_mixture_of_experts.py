@@ -60,7 +60,7 @@ prompt = "mia red kite . tom blue cup . anna green hat . mia"
 tr = workbench.trace(model, prompt, capture="full")
 tr.run()
 tokens = [model.decode([i]) for i in tr.ids[0].tolist()]
-print("next token:", repr(model.decode([int(mx.argmax(tr.logits[-1]).item())])))
+print("next token:", repr(model.decode([int(mx.argmax(tr.logits[0, -1]).item())])))
 
 # %% [markdown]
 # `router.proj` gives each token one score per expert; `router.top_k` keeps the indices of the
@@ -180,7 +180,7 @@ def ban_expert_0(scores):
     return mx.concatenate([mx.full(scores[..., :1].shape, -1e4, scores.dtype), scores[..., 1:]], axis=-1)
 t2 = workbench.trace(model, prompt, capture="stats", interventions=[patch("layers.*.router.proj", ban_expert_0)])
 t2.run()
-print("without expert 0:", repr(model.decode([int(mx.argmax(t2.logits[-1]).item())])))
+print("without expert 0:", repr(model.decode([int(mx.argmax(t2.logits[0, -1]).item())])))
 
 # %% [markdown]
 # Banning re-routes; **ablating** removes. `workbench.causal.ablation` builds interventions for

@@ -80,7 +80,7 @@ prompt_ids = g.prompt_ids[0].tolist()
 for k, t in enumerate(g.traces):
     full = workbench.trace(model, prompt_ids + g.tokens[:k], capture=None)
     full.run()
-    a, b = np.array(t.logits[-1]), np.array(full.logits[-1])
+    a, b = np.array(t.logits[0, -1]), np.array(full.logits[0, -1])
     print(f"token {k}: equal within 1e-4: {np.abs(a - b).max() < 1e-4}   same argmax: {a.argmax() == b.argmax()}")
 
 # %% [markdown]
@@ -229,12 +229,12 @@ def timed(f):
     t0 = time.perf_counter(); f(); return time.perf_counter() - t0
 long_prompt = " ".join(["apple river stone cloud tree bird moon sun star rain |"] * 4)
 n = 16
-with_cache = timed(lambda: workbench.generate(model, long_prompt, max_tokens=n, capture=None))
+with_cache = timed(lambda: workbench.generate(model, long_prompt, max_tokens=n, capture=None, past_eos=True))
 def no_cache():
     ids = model.encode(long_prompt)
     for _ in range(n):
         t = workbench.trace(model, ids, capture=None); t.run()
-        ids = ids + [int(mx.argmax(t.logits[-1]).item())]
+        ids = ids + [int(mx.argmax(t.logits[0, -1]).item())]
 without = timed(no_cache)
 print(f"{n} tokens: with cache {with_cache:.2f} s, without {without:.2f} s")
 

@@ -285,9 +285,10 @@ JS_DEBUGGER_VIEW = """() => {
   const log = q('.wb-log').textContent.trim().split('\\n');
   const bar = q('.wb-progress .progress-bar');
   const dis = {};
-  for (const c of ['wb-back', 'wb-step', 'wb-step-layer', 'wb-next-nonfinite', 'wb-run-end', 'wb-run-to'])
+  for (const c of ['wb-start', 'wb-back', 'wb-step', 'wb-step-layer', 'wb-next-nonfinite', 'wb-run-end', 'wb-run-to'])
     dis[c] = q('button.' + c).disabled;
   return {header: q('.wb-current').textContent, log: log[log.length - 1], disabled: dis,
+          hint: q('.wb-target-hint').textContent,
           progress: bar ? parseFloat(bar.style.width) : null,
           error: q('.wb-error').textContent.trim()};
 }"""
@@ -337,6 +338,10 @@ def _expected_position(kind: str, pos: int, prog: dict, target: int | None = Non
     ops, n = prog["ops"], len(prog["ops"])
     if kind == "back":
         return max(pos - 1, 0)
+    if kind == "start":
+        return 0
+    if kind == "typo":
+        return pos
     if pos >= n:
         return pos
     if kind == "step":
@@ -345,18 +350,15 @@ def _expected_position(kind: str, pos: int, prog: dict, target: int | None = Non
         return n
     if kind == "run-to":
         return target + 1 if target >= pos else pos
-    if kind == "layer":
-        layer = prog["layers"][pos]
-        name = f"layers.{layer}"
-        if layer is None or name not in ops[pos:]:
-            return pos + 1
-        return ops.index(name) + 1
+    if kind == "layer":  # through the last op of the run of one layer's ops that op pos is in
+        layers = prog["layers"]
+        return next((j for j in range(pos, n - 1) if layers[j] != layers[j + 1]), n - 1) + 1
     if kind == "nonfinite":
         return next((j + 1 for j in prog["nonfinite"] if j >= pos), n)
     raise ValueError(kind)
 
 
-def _check_debugger(lab: _Lab, want_pos: int, label: str) -> None:
+def _check_debugger(lab: _Lab, want_pos: int, label: str, hint: str = "") -> None:
     st = lab.state()["debugger"]
     assert st["error"] is None, f"{label}: the widget shows an error: {st['error']}"
     assert st["position"] == want_pos, f"{label}: the trace is at {st['position']}, expected {want_pos}"
@@ -368,8 +370,8 @@ def _check_debugger(lab: _Lab, want_pos: int, label: str) -> None:
             ok = h.startswith("ready") and f"0 of {n} ops run" in h
         else:
             ok = h.startswith(f"op #{st['index']}: {st['name']} ") and f"{st['position']} of {n} ops run" in h
-        return (ok and v["log"] == st["log"] and v["error"] == ""
-                and v["disabled"]["wb-back"] == (st["position"] == 0)
+        return (ok and v["log"] == st["log"] and v["error"] == "" and hint in v["hint"]
+                and v["disabled"]["wb-back"] == v["disabled"]["wb-start"] == (st["position"] == 0)
                 and all(v["disabled"][c] == st["done"]
                         for c in ("wb-step", "wb-step-layer", "wb-next-nonfinite", "wb-run-end", "wb-run-to"))
                 and v["progress"] is not None and abs(v["progress"] - 100 * st["position"] / n) < 0.5)
@@ -381,7 +383,7 @@ def _check_debugger(lab: _Lab, want_pos: int, label: str) -> None:
 
 def _drive_debugger(lab: _Lab, rng, prog: dict) -> int:
     page, root = lab.page, ".wb-step-debugger"
-    buttons = {"back": "wb-back", "step": "wb-step", "layer": "wb-step-layer", "nonfinite": "wb-next-nonfinite",
+    buttons = {"start": "wb-start", "back": "wb-back", "step": "wb-step", "layer": "wb-step-layer", "nonfinite": "wb-next-nonfinite",
                "end": "wb-run-end"}
     n, clicks = len(prog["ops"]), 0
     pos = lab.state()["debugger"]["position"]
@@ -389,7 +391,16 @@ def _drive_debugger(lab: _Lab, rng, prog: dict) -> int:
     def click(kind, target=None):
         nonlocal pos, clicks
         want = _expected_position(kind, pos, prog, target)
-        if kind == "run-to":
+        hint = ""
+        if kind == "typo":  # a name one letter off: nothing runs, the closest name is suggested
+            name = prog["ops"][target]
+            typo = name[:-2] + name[-1]
+            if typo in prog["ops"]:  # (a typo that is another op's name would run there)
+                typo = name + "_"
+            page.locator(f"{root} .wb-target input").fill(typo)
+            lab.handled(root, lambda: page.locator(f"{root} button.wb-run-to").click())
+            label, hint = f"run to the typo {typo}", name
+        elif kind == "run-to":
             name = prog["ops"][target]
             page.locator(f"{root} .wb-target input").fill(name)
             lab.handled(root, lambda: page.locator(f"{root} button.wb-run-to").click())
@@ -398,7 +409,7 @@ def _drive_debugger(lab: _Lab, rng, prog: dict) -> int:
             lab.handled(root, lambda: page.locator(f"{root} button.{buttons[kind]}").click())
             label = kind
         clicks += 1
-        _check_debugger(lab, want, f"click {clicks} ({label}, from {pos} run)")
+        _check_debugger(lab, want, f"click {clicks} ({label}, from {pos} run)", hint)
         pos = want
 
     def restart():
@@ -414,7 +425,10 @@ def _drive_debugger(lab: _Lab, rng, prog: dict) -> int:
              [("step", None), ("step", None), ("step", None), ("layer", None), ("end", None), ("back", None)],
              [("layer", None), ("layer", None), ("run-to", prog["ops"].index("layers.2")), ("nonfinite", None),
               ("end", None)],
-             [("step", None), ("back", None)]]  # back at the start: "back" is disabled there (checked)
+             [("step", None), ("back", None)],  # back at the start: "back" is disabled there (checked)
+             [("typo", prog["ops"].index("layers.2.self_attn.softmax")), ("layer", None), ("layer", None),
+              ("typo", prog["ops"].index("layers.1.mlp.down_proj")), ("start", None), ("end", None),
+              ("start", None)]]
     for seq in named:
         restart()
         for kind, target in seq:
@@ -425,9 +439,10 @@ def _drive_debugger(lab: _Lab, rng, prog: dict) -> int:
             if pos >= n:
                 kinds = ["back"]
             else:
-                kinds = ["step", "step", "layer", "nonfinite", "end", "run-to", "run-to"] + (["back"] * 2 if pos else [])
+                kinds = ["step", "step", "layer", "nonfinite", "end", "run-to", "run-to", "typo"] + (
+                    ["back"] * 2 + ["start"] if pos else [])
             kind = kinds[int(rng.integers(len(kinds)))]
-            target = int(rng.integers(0, n)) if kind == "run-to" else None
+            target = int(rng.integers(0, n)) if kind in ("run-to", "typo") else None
             click(kind, target)
     return clicks
 

@@ -24,6 +24,7 @@ import pytest
 
 from test_browser import CHROMIUM, CHROMIUM_ARGS, JS_NOTEBOOK_READY, serve_lab
 from workbench.lab import NOTEBOOKS, REPO_ROOT, trust_notebooks
+from workbench.widgets.saved import UNRUN
 
 pytestmark = pytest.mark.browser
 
@@ -152,6 +153,13 @@ def _views_drawn(page, base, token, name) -> list[str]:
         if view["class"] and page.locator(f".{view['class']}").count() < 1:
             problems.append(f"{where}: no .{view['class']} element")
         problems += [f"{where}: saved text {t!r} not shown" for t in expect if t not in _squash(got["text"])]
+        # a view with no kernel behind it says so, its buttons disabled (workbench.widgets.saved)
+        if not any(UNRUN in t for t in view["texts"]) or _squash(UNRUN) not in _squash(got["text"]):
+            problems.append(f"{where}: does not say {UNRUN!r}")
+        enabled = page.evaluate("(i) => Array.from(window.jupyterapp.shell.currentWidget.content.widgets[i].node"
+                                ".querySelectorAll('button.jupyter-button')).filter(b => !b.disabled).length", i)
+        if enabled:
+            problems.append(f"{where}: {enabled} buttons enabled without a kernel")
     return problems
 
 
@@ -182,7 +190,7 @@ def test_committed_notebooks_show_their_views_unrun(tmp_path, monkeypatch):
             # untrusted, as a fresh clone: JupyterLab falls back to the text repr
             first = _open(page, base, token, "01_tour.ipynb")[0]
             got = _cell_output(page, first, want_widgets=False)
-            assert got["widgets"] == 0 and "StepDebugger(children=" in got["text"], got
+            assert got["widgets"] == 0 and f"StepDebugger: {UNRUN}" in got["text"], got   # the text form says so
             _shut_down_kernels(base, token)
 
             # trusted, as `workbench lab` does it: every view drawn from its saved state

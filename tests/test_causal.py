@@ -57,7 +57,7 @@ def _head_keep(model, layer, h):
 def test_patching_the_clean_run_into_itself_changes_nothing(demo):
     a, b = demo.encode(" cloud")[-1], demo.encode(" tree")[-1]
     metric = C.logit_diff(a, b)
-    clean = float(metric(mx.array(np.array(_logits(demo, CLEAN).logits)[None])).mean())
+    clean = float(metric(_logits(demo, CLEAN).logits).mean())
     for site in ("resid", "attn", "mlp"):
         r = C.activation_patching(demo, CLEAN, CLEAN, metric=metric, site=site)
         assert r.values.shape == (len(r.rows), 8)
@@ -71,7 +71,7 @@ def test_patching_the_clean_run_into_itself_changes_nothing(demo):
 def test_residual_patching_follows_causality_and_recovers_clean_at_the_last_layer(demo):
     r = C.activation_patching(demo, CLEAN, CORRUPT)
     cloud, tree = demo.encode(" cloud")[-1], demo.encode(" tree")[-1]
-    assert r.metric.startswith(f"logit[{cloud}] - logit[{tree}]")  # the runs' own top tokens
+    assert r.metric.startswith("logit[' cloud'] - logit[' tree']")  # the runs' own top tokens, as text
     assert r.clean > 0 > r.corrupted
     assert r.rows == ["embed", "L0", "L1", "L2", "L3"] and r.ops[-1] == "layers.3"
     # the prompts differ only in the last token: every earlier position holds the same
@@ -84,7 +84,7 @@ def test_residual_patching_follows_causality_and_recovers_clean_at_the_last_laye
     clean_resid = _logits(demo, CLEAN, capture=["layers.3"]).value("layers.3")
     patched = _logits(demo, CORRUPT, interventions=[replace("layers.3", clean_resid)])
     m = C.logit_diff(cloud, tree)
-    assert float(m(patched.logits[None])[0]) == pytest.approx(r.clean, abs=1e-4)
+    assert float(m(patched.logits)[0]) == pytest.approx(r.clean, abs=1e-4)
 
 
 def test_head_patching_equals_a_manual_slice_replacement(demo):
@@ -98,7 +98,7 @@ def test_head_patching_equals_a_manual_slice_replacement(demo):
     manual = cur * keep + src * (1 - keep)
     tr = _logits(demo, CORRUPT, interventions=[replace(op, mx.array(manual))])
     m = C.logit_diff(demo.encode(" cloud")[-1], demo.encode(" tree")[-1])
-    assert r.values[layer, h] == pytest.approx(float(m(tr.logits[None])[0]), abs=1e-4)
+    assert r.values[layer, h] == pytest.approx(float(m(tr.logits)[0]), abs=1e-4)
     # the induction heads carry the cue: patching either moves the answer back a good part
     assert r.effect[layer, h] > 0.2 and r.effect[layer, h + 1] > 0.2
     assert abs(r.effect[2]).max() < 0.05  # layer 2's heads do not
@@ -123,10 +123,10 @@ def test_zero_ablating_a_head_equals_zeroing_its_slice_by_hand(demo):
     tr = _logits(demo, COPY, interventions=[patch(op, lambda v: v * mx.array(keep))],
                  capture=[op, f"layers.{layer}.self_attn.o_proj"])
     base = _logits(demo, COPY)
-    top = int(mx.argmax(base.logits[-1]).item())
-    p = mx.softmax(tr.logits[-1].astype(mx.float32), precise=True)[top].item()
+    top = int(mx.argmax(base.logits[0, -1]).item())
+    p = mx.softmax(tr.logits[0, -1].astype(mx.float32), precise=True)[top].item()
     assert r.values[0] == pytest.approx(p, abs=1e-6)
-    assert r.baseline == pytest.approx(mx.softmax(base.logits[-1], precise=True)[top].item(), abs=1e-6)
+    assert r.baseline == pytest.approx(mx.softmax(base.logits[0, -1], precise=True)[top].item(), abs=1e-6)
     # recomputation: o_proj of the ablated run is the zeroed context times W_o by hand
     ctx = np.array(tr.value(op))
     assert np.abs(ctx[..., keep == 0]).max() == 0 and np.abs(ctx[..., keep == 1]).max() > 0
@@ -210,7 +210,7 @@ def test_expert_ablation_changes_only_the_tokens_routed_to_it(moe):
         assert np.array_equal(np.array(tr.value(names[0]))[0], idx)  # the routing is the same
         diff = np.abs(np.array(tr.value(names[1])) - np.array(base.value(names[1])))[0].max(-1)
         assert (diff[~routed] == 0).all() and (diff[routed] > 0).all(), (mode, diff, routed)
-        dl = np.abs(np.array(tr.logits) - np.array(base.logits)).max(-1)
+        dl = np.abs(np.array(tr.logits) - np.array(base.logits))[0].max(-1)
         assert (dl[~routed] == 0).all() and (dl[routed] > 0).all()
     # zero ablation by hand: the combine without expert e's weighted output
     d = _logits(moe, text, capture=[f"layers.{L}.experts.switch_glu.down_proj", f"layers.{L}.router.weights"])
@@ -231,7 +231,7 @@ def test_dla_pieces_sum_to_the_lm_head_logit(demo):
     assert r.residual_error < 1e-5
     assert r.total == pytest.approx(r.lm_head_value, abs=1e-4 * max(1, abs(r.lm_head_value)))
     tr = _logits(demo, COPY)
-    lg = np.array(tr.logits[-1])
+    lg = np.array(tr.logits[0, -1])
     assert r.logits_value == pytest.approx(lg[cloud] - lg[tree], abs=1e-5)  # soft-capped: not the sum
     assert abs(r.logits_value - r.total) > 0.01
     # each layer's heads sum to its attention piece (post-attention norm frozen)

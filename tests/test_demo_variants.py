@@ -110,3 +110,21 @@ def test_cli_demo_loads_the_variant_by_name(name, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["path"] == str(paths.VARIANTS[name]) and out["variants"][name] == out["path"]
     assert out["completion_ids"] and out["model_type"] == "gemma4_text"
+
+
+def test_accuracy_in_one_cached_batch_scores_as_the_evaluator_does(experts):
+    """variants.accuracy decodes every example in one padded batch with the KV cache; the
+    evaluator (workbench.demo.evaluate) re-runs whole prompts per group of equal lengths:
+    the same verdicts, with and without an ablation that changes them."""
+    from workbench.causal.ablation import ablation, expert
+    from workbench.causal.common import logits3, prompt, run
+    from workbench.demo.evaluate import evaluate
+
+    exs = corpus.heldout(6)
+    ivs = ablation(experts, [expert(i, e) for i in range(experts.num_layers) for e in (0, 1)])
+    for iv in (None, ivs):
+        def forward(ids):
+            return logits3(run(experts, prompt(experts, ids.tolist()), interventions=iv, dtype="float32"))
+        want = {t: round(a, 4) for t, a in evaluate(forward, experts.tokenizer, exs).accuracy.items()}
+        assert variants.accuracy(experts, exs, iv) == want
+    assert variants.accuracy(experts, exs)["copy"] > variants.accuracy(experts, exs, ivs)["copy"]

@@ -216,9 +216,9 @@ def test_ranks_equal_one_process(ckpts, tmp_path, arch, ranks, extra):
     _same_steps(doc["steps"], ref.records())
     # the logits equal the one-process run's
     logits = np.load(out, allow_pickle=False)
-    assert logits.shape == (len(IDS), model.vocab_size)
+    assert logits.shape == (1, len(IDS), model.vocab_size)
     np.testing.assert_allclose(logits, np.array(ref.logits.astype(mx.float32)), rtol=1e-5, atol=1e-6)
-    assert doc["logits"]["last_argmax"] == int(np.argmax(logits[-1]))
+    assert doc["logits"]["last_argmax"] == int(np.argmax(logits[0, -1]))
     # each rank ran its own layers and read only the tensors of its own ops
     parts = doc["ranks"]
     assert [p["rank"] for p in parts] == list(range(ranks))

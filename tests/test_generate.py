@@ -82,7 +82,7 @@ def test_sampling_is_reproducible_and_leaves_the_global_generator_alone(g4):
 def test_greedy_unchanged_and_sampling_limits(g4):
     greedy = workbench.generate(g4, PROMPT, max_tokens=N, capture="stats")
     # greedy = argmax of each forward's last logits, fed back through the cache
-    assert greedy.tokens == [int(mx.argmax(t.logits[-1]).item()) for t in greedy.traces]
+    assert greedy.tokens == [int(mx.argmax(t.logits[0, -1]).item()) for t in greedy.traces]
     assert greedy.sampling == {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": None}
     # top_k=1 leaves one token: sampling at any temperature is the argmax
     assert workbench.generate(g4, PROMPT, max_tokens=N, temperature=2.0, top_k=1, seed=9).tokens == greedy.tokens
@@ -279,3 +279,25 @@ def test_a_long_module_level_generation_holds_its_cache_once(phi3):
     workbench.generate(phi3, [1, 2, 3, 4], max_tokens=300)
     held = mx.get_active_memory() - before
     assert held < 16 * 2**20, f"300 tokens hold {held / 2**20:.1f} MiB"
+
+
+def test_generation_stops_at_eos_unless_asked_to_keep_going(g4, monkeypatch):
+    from workbench.trace.generate import eos_ids
+
+    assert eos_ids(g4) == (g4.config["eos_token_id"],)  # the zoo's config: one id
+    free = workbench.generate(g4, PROMPT, max_tokens=N, past_eos=True)
+    assert len(free.tokens) == N and free.stopped == "max_tokens" and free.eos == ()
+    k = next(i for i, t in enumerate(free.tokens) if i >= 2 and t not in free.tokens[:i])
+    # the config's eos_token_id may be a list (Gemma's is): any of them ends the text
+    monkeypatch.setitem(g4.config, "eos_token_id", [g4.vocab_size - 1, free.tokens[k]])
+    assert eos_ids(g4) == (g4.vocab_size - 1, free.tokens[k])
+    g = workbench.generate(g4, PROMPT, max_tokens=N)
+    assert g.tokens == free.tokens[:k + 1] and g.stopped == "eos" and g.eos == eos_ids(g4)
+    assert len(g.traces) == k + 1
+    kept = workbench.generate(g4, PROMPT, max_tokens=N, past_eos=True)
+    assert kept.tokens == free.tokens and kept.stopped == "max_tokens"
+    s = workbench.generate(g4, PROMPT, max_tokens=N, stop=[free.tokens[1]])
+    assert s.tokens == free.tokens[:2] and s.stopped == "stop"
+    monkeypatch.setitem(g4.config, "eos_token_id", "</s>")
+    with pytest.raises(ValueError, match="eos_token_id '</s>' is not a token id"):
+        workbench.generate(g4, PROMPT, max_tokens=2)

@@ -23,7 +23,7 @@ def model(request):
 def _logits(m, **kw):
     t = workbench.trace(m, IDS, dtype="float32", **kw)
     t.run()
-    return t, np.array(t.logits)
+    return t, np.array(t.logits)[0]  # [P, vocab]: the one sequence of [1, P, vocab]
 
 
 def test_last_and_slices_are_rows_of_all_bit_for_bit(model):
@@ -86,7 +86,7 @@ def test_bad_values_are_one_line_errors(model, bad, err, words):
 def test_the_hunt_carries_the_positions(model):
     r = hunt(model, IDS, logits=slice(-2, None))
     assert r.report["logits"] == {"positions": [7, 8], "of": T, "note": None}
-    assert r.trace.logits.shape == (2, model.vocab_size)
+    assert r.trace.logits.shape == (1, 2, model.vocab_size)
     assert hunt(model, IDS).report["logits"] == {"positions": "all", "of": T, "note": None}
 
 

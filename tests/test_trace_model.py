@@ -34,7 +34,7 @@ def test_workbench_trace_is_callable_and_shapes(g4):
     assert s.input_shapes == ((1, len(IDS)),) and s.output_shape == (1, len(IDS), 64)
     assert set(workbench.trace.STATS_KEYS) <= set(s.stats)
     t.run()
-    assert t.done and t.logits.shape == (len(IDS), 256)
+    assert t.done and t.logits.shape == (1, len(IDS), 256)  # the batch axis kept, as value() keeps it
 
 
 def test_step_by_step_equals_run_and_reference(g4):
@@ -48,8 +48,8 @@ def test_step_by_step_equals_run_and_reference(g4):
     stepped = np.array(t.logits)
     r = workbench.trace(g4, IDS, capture="full")
     r.run()
-    assert np.array_equal(stepped, np.array(r.logits))
-    assert np.array_equal(stepped, ref)
+    assert np.array_equal(stepped, np.array(r.logits)) and np.array_equal(stepped, np.array(r.value("logits")))
+    assert np.array_equal(stepped[0], ref)
 
 
 def test_full_capture_values_and_stats_agree(g4):
@@ -84,7 +84,7 @@ def test_run_until_and_back_and_breakpoints(g4):
     assert again.name == "layers.3.input_layernorm"
     assert np.array_equal(np.array(t.value("layers.3.input_layernorm")), v)
     t.run()
-    assert np.array_equal(np.array(t.logits), np.array(ref_logits(g4, IDS)))
+    assert np.array_equal(np.array(t.logits[0]), np.array(ref_logits(g4, IDS)))
 
 
 def test_predicate_breakpoint_stops_at_first_match(g4):
@@ -158,7 +158,7 @@ def test_generation_with_cache_matches_full_reforwards(g4):
         assert g.tokens[k] == nxt, k
         seq.append(nxt)
     # the per-token forwards ran on one token each, through the cache
-    assert g.traces[0].logits.shape == (5, 256) and g.traces[1].logits.shape == (1, 256)
+    assert g.traces[0].logits.shape == (1, 5, 256) and g.traces[1].logits.shape == (1, 1, 256)
     st = g.stats("logits")
     assert len(st) == 5 and all(s["nan"] == 0 for s in st)
     assert g.first_nonfinite() is None

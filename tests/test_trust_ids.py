@@ -205,10 +205,10 @@ def test_token_texts_in_the_causal_tools(demo):
     assert by_text.baseline == by_id.baseline and "' blue'" in by_text.metric
     d = C.direct_logit_attribution(demo, ids, answer=" blue", wrong=" red")
     assert (d.answer, d.wrong) == (blue[0], red[0])
-    for bad, n in (("apple river", 2), ("", 0)):
+    for bad, words in (("apple river", "is 2 tokens, not one: ' apple' ("), ("", "encodes to no token")):
         with pytest.raises(ValueError) as e:
             C.ablate(demo, ids, [C.head(0, 0)], metric=C.logit_diff(bad))
-        _one_line(e, repr(bad), f"encodes to {n} tokens")
+        _one_line(e, repr(bad), words)
     with pytest.raises(TypeError) as e:  # a text metric applied to logits alone: no tokenizer to encode it
         C.logit_diff(" blue")(mx.zeros((1, 3, VOCAB)))
     _one_line(e, "' blue'", "text")
@@ -299,7 +299,7 @@ def property_logit_diff():
     """ablate(..., metric=logit_diff(x)): its baseline is logits[-1, x] of the prompt, or refused."""
     m = workbench.load(paths.DEMO)
     ids = m.encode("apple river stone cloud tree | stone")
-    lg = _logits(m, ids)[-1]
+    lg = _logits(m, ids)[0, -1]
 
     @settings(max_examples=80, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(x=st.one_of(_ids(), st.sampled_from([" blue", "apple river", ""])))

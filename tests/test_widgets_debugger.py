@@ -211,7 +211,7 @@ def test_an_error_in_a_button_is_shown_in_the_widget(model):
     assert "wb-error-none" in w.actions.area.value
     w.end_button.click()  # no exception escapes the callback (ipywidgets would only log it)
     err = w.actions.area.value
-    assert "run to end failed" in err and "planted failure" in err and "traceback" in err
+    assert "end failed" in err and "planted failure" in err and "traceback" in err
     assert w.actions.error is not None and 'data-actions=\'1\'' in err
     # the view shows where the trace stopped, its buttons usable again
     s = tr.steps[-1]
@@ -219,3 +219,103 @@ def test_an_error_in_a_button_is_shown_in_the_widget(model):
     w.back_button.click()  # the next action that works clears the error
     assert w.actions.error is None and "wb-error-none" in w.actions.area.value
     assert _header(w) == (tr.steps[-1].index, tr.steps[-1].name)
+
+
+# ---------------------------------------------------------------- forgiving: names, start, end, layers
+
+def test_run_to_a_typo_runs_nothing_and_suggests_the_closest_names(model):
+    tr = workbench.trace(model, IDS, capture="stats", attention="explicit")  # softmax steps
+    w = StepDebugger(tr)
+    assert w.target.ensure_option is False  # the typed text reaches Python, not the last valid prefix
+    w.run_to("layers.1")
+    at = tr.position
+    for typo, want in (("layers.2.self_atn.softmax", "layers.2.self_attn.softmax"),
+                       ("lyers.2", "layers.2"), ("layers.2.mlp.dwn_proj", "layers.2.mlp.down_proj")):
+        w.target.value = typo
+        w.run_to_button.click()
+        assert tr.position == at and w.actions.error is None, typo  # nothing ran (no prefix, no logits)
+        assert f"no op named {typo!r}; did you mean {want}" in w.target_hint.value.replace("&#x27;", "'"), \
+            w.target_hint.value
+        assert "nothing ran" in log_text(w).splitlines()[-1]
+    w.target.value = "  "
+    w.run_to_button.click()
+    assert tr.position == at and "type an op name" in w.target_hint.value
+    w.target.value = " layers.2 "  # a full name with stray spaces is that name
+    w.run_to_button.click()
+    assert w.current_step.name == "layers.2" and w.target_hint.value == ""
+
+
+def test_start_and_end_buttons(model):
+    tr = workbench.trace(model, IDS, capture="full")
+    w = StepDebugger(tr)
+    assert w.start_button.disabled and w.end_button.description == "end"
+    w.run_to("layers.1.mlp.act")
+    assert not w.start_button.disabled
+    w.start_button.click()
+    assert tr.position == 0 and not tr.steps and "ready" in w.current.value and w.start_button.disabled
+    assert w.progress.value == 0 and log_text(w).splitlines()[-1].startswith("start: undid ")
+    w.end_button.click()
+    assert tr.done and w.current_step.name == tr.ops[-1] and w.end_button.disabled
+    w.start_button.click()
+    w.step_button.click()
+    assert tr.position == 1 and w.current_step.name == tr.ops[0]
+
+
+def test_step_over_layer_goes_from_boundary_to_boundary_from_anywhere(model):
+    tr = workbench.trace(model, IDS, capture="stats")
+    w = StepDebugger(tr)
+    names = []
+    while not tr.done:
+        w.layer_button.click()
+        names.append(w.current_step.name)
+    first_layer = next(i for i, op in enumerate(tr.program.ops) if op.layer == 0)
+    # from the start: one click over the embedding ops, then one per layer, then the head
+    assert names[0] == tr.ops[first_layer - 1] and tr.program.ops[first_layer - 1].layer is None
+    assert names[1:-1] == [f"layers.{i}" for i in range(model.num_layers)]
+    assert names[-1] == tr.ops[-1] and len(names) == model.num_layers + 2
+    w.start_button.click()
+    w.run_to("layers.3.self_attn.q_proj")  # from inside a layer: to its end
+    w.layer_button.click()
+    assert w.current_step.name == "layers.3"
+
+
+def test_navigate_find_op_is_exact_and_suggests():
+    from workbench.trace.navigate import NoSuchOp, closest_ops, find_op
+
+    ops = ["embed_tokens", "layers.0.self_attn.softmax", "layers.0", "layers.1.self_attn.softmax", "layers.1",
+           "norm", "logits"]
+    assert find_op(ops, "layers.1") == 4 and find_op(ops, " norm\n") == 5
+    with pytest.raises(NoSuchOp) as e:
+        find_op(ops, "layers.1.self_atn.softmax")
+    assert e.value.suggestions[0] == "layers.1.self_attn.softmax"
+    assert "did you mean layers.1.self_attn.softmax" in str(e.value)
+    with pytest.raises(NoSuchOp) as e:
+        find_op(ops, "layers.1.self")  # a prefix is not a name
+    with pytest.raises(NoSuchOp) as e:
+        find_op(ops, "zzzzzz")
+    assert e.value.suggestions == [] and "see trace.ops" in str(e.value)
+    assert closest_ops(ops, "softmax") == ["layers.0.self_attn.softmax", "layers.1.self_attn.softmax"]
+    with pytest.raises(TypeError):
+        find_op(ops, 3)
+
+
+def test_saved_views_are_disabled_and_say_run_the_cell(model):
+    from ipywidgets.embed import dependency_state
+
+    from workbench.widgets.saved import UNRUN, WIDGET_STATE, WIDGET_VIEW, mark_unrun
+
+    tr = workbench.trace(model, IDS, capture="stats")
+    w = StepDebugger(tr)
+    w.step()
+    state = dependency_state(w)
+    nb = {"metadata": {"widgets": {WIDGET_STATE: {"state": state}}},
+          "cells": [{"outputs": [{"data": {WIDGET_VIEW: {"model_id": w.model_id}}}]}, {"outputs": []}]}
+    buttons = [m for m, s in state.items() if s["model_name"] == "ButtonModel"]
+    assert len(buttons) == 7 and not all(state[m]["state"].get("disabled", False) for m in buttons)
+    assert mark_unrun(nb) == 1
+    assert all(state[m]["state"]["disabled"] for m in buttons)
+    assert state[w.target.model_id]["state"]["disabled"]
+    assert UNRUN in state[w.actions.area.model_id]["state"]["value"]
+    assert not w.step_button.disabled and UNRUN not in w.actions.area.value  # the live widget: untouched
+    assert UNRUN in repr(w) and "children=" not in repr(w)
+    assert mark_unrun({"cells": []}) == 0  # no saved state: nothing to do

@@ -121,6 +121,8 @@ def build(py, execute: bool = True, timeout: int = 900):
             if errors:
                 raise RuntimeError(f"{py.name}: cell {i} raised {errors[0]['ename']}: {errors[0]['evalue']}")
             c.metadata.pop("execution", None)   # timestamps: keep the committed file stable
+        from workbench.widgets.saved import mark_unrun
+        mark_unrun(nb)   # saved views: buttons disabled, "run the cell to use the buttons"
     with fsio.atomic_write(py.with_suffix(".ipynb"), "w") as f:   # exclusive temporary, renamed
         nbformat.write(nb, f)
     # jupytext (in JupyterLab) warns about a .ipynb newer than its .py, and refuses one that differs

@@ -108,17 +108,19 @@ def _head_path(program, writer: str, layer: int) -> list | None:
 
 
 def direct_logit_attribution(model, text_or_ids, answer: int | str | None = None, wrong: int | str | None = None,
-                             position: int = -1, dtype=DEFAULT_DTYPE) -> DLAResult:
+                             position: int = -1, dtype=DEFAULT_DTYPE, first_token: bool = False) -> DLAResult:
     """DLA of every residual writer and every attention head at ``position`` (one prompt).
 
     ``answer``: the token whose logit is explained (default: the model's top token there);
     ``wrong``: explain ``logit[answer] - logit[wrong]`` instead.  Each is a token id in the
-    vocabulary or the text of one token (``" blue"``), checked before anything runs.
+    vocabulary or the text of one token (``" blue"``; several tokens are refused, naming the
+    pieces, unless ``first_token=True``), checked before anything runs; the result names
+    each as text and id (``answer_token``, ``answer``).
     """
     if answer is not None:
-        answer = token_id(model, answer, "answer")
+        answer = token_id(model, answer, "answer", first_token)
     if wrong is not None:
-        wrong = token_id(model, wrong, "wrong")
+        wrong = token_id(model, wrong, "wrong", first_token)
     position = check_position(position)
     p = prompt(model, text_or_ids)
     if p.shape[0] != 1:

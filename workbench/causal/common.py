@@ -25,6 +25,7 @@ import mlx.core as mx
 import numpy as np
 
 import workbench.trace as wtrace
+from workbench.text import single_token
 from workbench.trace.entry import show_value, check_token_id, check_token_ids, vocab_size
 
 DEFAULT_DTYPE = "float32"
@@ -43,6 +44,13 @@ class Metric:
     label: str
     fn: Callable[[mx.array], Any] = field(repr=False, compare=False)
     bind: Callable[[Any], "Metric"] | None = field(default=None, repr=False, compare=False)
+    #: once bound: (text, id) of every token it reads, e.g. ((" blue", 3730), (" red", 2604))
+    tokens: tuple = field(default=(), compare=False)
+
+    @property
+    def token_ids(self) -> str:
+        """Which id each token became, in one line (``' blue' = 3730, ' red' = 2604``)."""
+        return ", ".join(f"{t!r} = {i}" for t, i in self.tokens)
 
     def __call__(self, logits: mx.array) -> np.ndarray:
         out = self.fn(logits if logits.ndim == 3 else logits[None])
@@ -85,26 +93,42 @@ def token_spec(value, what: str):
     return check_token_id(value, None, _id_phrase(what), check_range=False)
 
 
-def token_id(model, value, what: str = "token") -> int:
+def token_id(model, value, what: str = "token", first_token: bool = False) -> int:
     """One token as an id of ``model``: an integer id in its vocabulary, or a text that its
-    tokenizer encodes to exactly one token; else one ValueError / TypeError naming it."""
+    tokenizer encodes to exactly one token (:func:`workbench.text.single_token`: a text of
+    several is one ValueError naming its pieces, unless ``first_token=True``); else one
+    ValueError / TypeError naming it."""
     if isinstance(value, str):
         tok = getattr(model, "tokenizer", None)
         if tok is None:
             raise ValueError(f"{what} {value!r} is text, but this checkpoint has no tokenizer.json: pass a token id")
-        ids = list(tok.encode(value, add_special_tokens=False).ids)
-        if len(ids) != 1:
-            raise ValueError(f"{what} {value!r} encodes to {len(ids)} tokens {ids[:8]}, not one: "
-                             "pass the text of one token or its id")
-        return check_token_id(ids[0], vocab_size(model), f"{what} {value!r} -> token id")
+        return check_token_id(single_token(tok, value, what, first_token), vocab_size(model),
+                              f"{what} {value!r} -> token id")
     return check_token_id(value, vocab_size(model), _id_phrase(what))
 
 
-def resolve_tokens(model, spec, what: str):
+def resolve_tokens(model, spec, what: str, first_token: bool = False):
     """A :func:`token_spec` for ``model``: an int, or a tuple of ints (one per sequence)."""
     if isinstance(spec, tuple):
-        return tuple(token_id(model, v, what) for v in spec)
-    return token_id(model, spec, what)
+        return tuple(token_id(model, v, what, first_token) for v in spec)
+    return token_id(model, spec, what, first_token)
+
+
+def token_text(model, tid: int) -> str:
+    """The text of token ``tid`` (its id as text when the model has no tokenizer)."""
+    try:
+        return model.decode([int(tid)])
+    except ValueError:
+        return str(int(tid))
+
+
+def _bound_label(model, ids) -> tuple[str, tuple]:
+    """(label, ((text, id), ...)) of resolved ids: each token shown as its text."""
+    if isinstance(ids, tuple):
+        parts = [_bound_label(model, i) for i in ids]
+        return "[" + ", ".join(p[0] for p in parts) + "]", tuple(t for p in parts for t in p[1])
+    text = token_text(model, ids)
+    return repr(text), ((text, int(ids)),)
 
 
 def _spec_label(spec) -> str:
@@ -143,11 +167,14 @@ def _at(logits: mx.array, position: int, what: str = "position") -> mx.array:
     return logits[:, position, :]
 
 
-def logit_diff(answer, wrong=None, position: int = -1) -> Metric:
+def logit_diff(answer, wrong=None, position: int = -1, first_token: bool = False) -> Metric:
     """``logit[answer] - logit[wrong]`` at ``position`` (just ``logit[answer]`` when ``wrong``
     is None).  ``answer`` / ``wrong``: a token id, the text of one token (``" blue"``: encoded
-    with the model's tokenizer when a causal tool binds the metric), or one per sequence of
-    the batch.  Ids are checked against the vocabulary before anything reads the logits."""
+    with the model's tokenizer when a causal tool binds the metric; a text of several tokens
+    is refused, naming its pieces, unless ``first_token=True``), or one per sequence of the
+    batch.  Ids are checked against the vocabulary before anything reads the logits.  Bound,
+    its label shows each token as text (``logit[' blue'] - logit[' red'] @ -1``, also for
+    ids) and ``metric.token_ids`` says which id each became."""
     a = token_spec(answer, "answer")
     w = None if wrong is None else token_spec(wrong, "wrong")
     position = check_position(position)
@@ -165,16 +192,18 @@ def logit_diff(answer, wrong=None, position: int = -1) -> Metric:
         return np.array(v)
 
     def bind(model):
-        ra = resolve_tokens(model, a, "answer")
-        rw = None if w is None else resolve_tokens(model, w, "wrong")
-        m = logit_diff(ra, rw, position)
-        return Metric(label, m.fn)
+        ra = resolve_tokens(model, a, "answer", first_token)
+        rw = None if w is None else resolve_tokens(model, w, "wrong", first_token)
+        la, ta = _bound_label(model, ra)
+        lw, tw = ("", ()) if rw is None else _bound_label(model, rw)
+        text = f"logit[{la}]" + ("" if rw is None else f" - logit[{lw}]") + f" @ {position}"
+        return Metric(text, logit_diff(ra, rw, position).fn, tokens=ta + tw)
     return Metric(label, fn, bind)
 
 
-def token_prob(token, position: int = -1) -> Metric:
+def token_prob(token, position: int = -1, first_token: bool = False) -> Metric:
     """The probability of ``token`` (an id, the text of one token, or one per sequence) at
-    ``position``."""
+    ``position``; bound, labelled with the token's text (as :func:`logit_diff`)."""
     t = token_spec(token, "token")
     position = check_position(position)
     label = f"p({_spec_label(t)}) @ {position}"
@@ -185,7 +214,9 @@ def token_prob(token, position: int = -1) -> Metric:
         return np.array(mx.take_along_axis(p, _per_row(it, p.shape[0], "token"), axis=-1)[:, 0])
 
     def bind(model):
-        return Metric(label, token_prob(resolve_tokens(model, t, "token"), position).fn)
+        r = resolve_tokens(model, t, "token", first_token)
+        text, toks = _bound_label(model, r)
+        return Metric(f"p({text}) @ {position}", token_prob(r, position).fn, tokens=toks)
     return Metric(label, fn, bind)
 
 
@@ -274,18 +305,15 @@ def run(model, p: Prompt, capture=None, interventions=None, dtype=DEFAULT_DTYPE,
 
 
 def logits3(tr) -> mx.array:
-    """The trace's logits as [B, T, V] whatever the batch."""
+    """The trace's logits [B, T, V] (``tr.logits`` keeps the batch axis; a 2-D array, from a
+    bare program, gets one)."""
     x = tr.logits
     return x if x.ndim == 3 else x[None]
 
 
 def decode_tokens(model, ids) -> list[str]:
     """One string per token id (the ids as text when the model has no tokenizer)."""
-    ids = [int(i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids)]
-    try:
-        return [model.decode([i]) for i in ids]
-    except ValueError:
-        return [str(i) for i in ids]
+    return [token_text(model, i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids)]
 
 
 def require_op(model, name: str):

@@ -83,7 +83,7 @@ def _baselines(model, pc: Prompt, pr: Prompt, metric, capture, dtype):
         if a == b:
             raise ValueError(f"the clean and corrupted prompts both predict token {a} ({model.decode([a])!r}) "
                              "at the last position; pass metric=logit_diff(answer, wrong)")
-        metric = logit_diff(a, b, -1)
+        metric = as_metric(logit_diff(a, b, -1), model)  # labelled with the tokens' texts
     m = as_metric(metric)
     return tc, m, float(m(lc).mean()), float(m(lr).mean())
 

@@ -201,14 +201,27 @@ def routing_fractions(model, exs) -> dict[str, np.ndarray]:
 
 
 def accuracy(model, exs, interventions=None) -> dict[str, float]:
-    """Held-out exact-match accuracy per task (workbench.demo.evaluate: greedy, the answer
-    and ``<eos>``), every forward a trace with ``interventions`` applied."""
-    from workbench.causal.common import logits3, prompt, run
-    from workbench.demo.evaluate import evaluate
+    """Held-out exact-match accuracy per task, as workbench.demo.evaluate scores it (greedy,
+    the answer and ``<eos>``), every forward a trace with ``interventions`` applied.
 
-    def forward(ids):
-        return logits3(run(model, prompt(model, ids.tolist()), interventions=interventions, dtype="float32"))
-    return {t: round(a, 4) for t, a in evaluate(forward, model.tokenizer, exs).accuracy.items()}
+    Every example decodes in one left-padded, masked batch with the KV cache
+    (``workbench.generate``, past ``<eos>``), for as many tokens as the longest answer; an
+    example is scored on its first ``len(answer)`` tokens (greedy tokens do not depend on
+    later ones): a forward of one token per decoded token, instead of a whole-prompt
+    forward per token per group of equal prompt and answer lengths."""
+    from workbench.demo.tokenizer import EOS_ID
+    from workbench.trace.generate import generate
+
+    tok = model.tokenizer
+    want = [tok.encode(e.answer, add_special_tokens=False).ids + [EOS_ID] for e in exs]
+    g = generate(model, [list(tok.encode(e.prompt).ids) for e in exs], max_tokens=max(map(len, want)),
+                 capture=None, dtype="float32", interventions=interventions, past_eos=True)
+    n: dict[str, int] = {}
+    right: dict[str, int] = {}
+    for e, x, a in zip(exs, g.tokens, want):
+        n[e.task] = n.get(e.task, 0) + 1
+        right[e.task] = right.get(e.task, 0) + int(x[:len(a)] == a)
+    return {t: round(right[t] / n[t], 4) for t in n}
 
 
 def expert_study(model, n_per_task: int = 40) -> dict:
@@ -253,7 +266,7 @@ def window_study(model, n_per_task: int = 40) -> dict:
     H = cfg["num_attention_heads"]
     out = {"window": W, "prompt_tokens": T, "beyond_window_mass": [round(m, 4) for m in mass],
            "answer_weight_best_head": [round(m, 4) for m in on_answer],
-           "layer_types": cfg["layer_types"], "next_token": model.decode([int(mx.argmax(tr.logits[-1]).item())])}
+           "layer_types": cfg["layer_types"], "next_token": model.decode([int(mx.argmax(tr.logits[0, -1]).item())])}
     if n_per_task:  # held-out accuracy, and with every head of the full layers zeroed
         exs = corpus.heldout(n_per_task)
         out["accuracy"] = accuracy(model, exs)

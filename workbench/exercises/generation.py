@@ -44,7 +44,7 @@ register(
         solution="""# forward k's cache: the prompt's positions, plus the k tokens read since the prefill
 # (generated tokens 0 .. k-1; token k is the output, not yet cached)
 len(prompt_ids) + 30
-g30 = workbench.generate(model, prompt, max_tokens=31, capture=["layers.3.self_attn.k_cache"])
+g30 = workbench.generate(model, prompt, max_tokens=31, capture=["layers.3.self_attn.k_cache"], past_eos=True)
 g30.traces[30].step_info("layers.3.self_attn.k_cache").output_shape[2]"""),
     Exercise(
         "08.2", "predict", "a number",

@@ -9,7 +9,7 @@ from workbench.exercises.core import Exercise, array, fields, ordered, register,
 
 def _next_token(prompt: str) -> str:
     tr = fx.trace(prompt)
-    return fx.demo().decode([int(np.argmax(np.array(tr.logits[-1])))])
+    return fx.demo().decode([int(np.argmax(np.array(tr.logits[0, -1])))])
 
 
 def _softmax(x, axis=-1):
@@ -23,7 +23,7 @@ def _scores_case():
 
 
 def _logits_case():
-    logits = np.array(fx.trace(fx.GEN_PROMPT).logits[-1], dtype=np.float64)
+    logits = np.array(fx.trace(fx.GEN_PROMPT).logits[0, -1], dtype=np.float64)
     return (logits, 3), [int(i) for i in np.argsort(-logits)[:3]]
 
 
@@ -36,7 +36,7 @@ register(
         expected=lambda: _next_token("apple river stone cloud tree | apple river"),
         solution="""t1 = workbench.trace(model, "apple river stone cloud tree | apple river")
 t1.run()
-model.decode([int(mx.argmax(t1.logits[-1]).item())])   # the word after 'river' in the first half:
+model.decode([int(mx.argmax(t1.logits[0, -1]).item())])   # the word after 'river' in the first half:
 # the induction head finds the earlier 'river' and copies the token that followed it"""),
     Exercise(
         "01.2", "predict", "a tuple of four numbers (batch, heads, query token, key token)",

@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from workbench.arrays import as_ndim, to_numpy, weight_values  # noqa: F401  (weight_values re-exported: plots.weight_values)
+from workbench.text import single_token
 
 _RESID = re.compile(r"^layers\.(\d+)$")
 
@@ -101,6 +102,8 @@ class LogitLens:
     final_rank: np.ndarray  # [L, P] rank of final_ids under each layer's distribution (0 = top)
     tokens: list[str] = field(default_factory=list)  # input tokens at `positions`, if decoded
     decode: Callable[[int], str] | None = field(default=None, repr=False)
+    #: with ``track=``: {"token": its text, "id": the id it became, "prob": [L, P], "rank": [L, P]}
+    tracked: dict = field(default_factory=dict)
 
     def label(self, tid: int) -> str:
         if self.decode is None:
@@ -136,9 +139,22 @@ def project(program, ctx: Any, resid, tail=None):
     return env[ops[-1].name] if ops else resid
 
 
+def _track_id(model: Any, track) -> int:
+    """The lens's ``track=``: an integer id (range checked against the logits), or the text
+    of one token (:func:`workbench.text.single_token`)."""
+    if isinstance(track, str):
+        tok = getattr(model, "tokenizer", None)
+        if tok is None:
+            raise ValueError(f"track {track!r} is text, but this model has no tokenizer: pass a token id")
+        return single_token(tok, track, "track")
+    if isinstance(track, (bool, np.bool_)) or not isinstance(track, (int, np.integer)) or track < 0:
+        raise TypeError(f"track is a token id (an integer >= 0) or the text of one token, not {track!r}")
+    return int(track)
+
+
 def logit_lens(model: Any, source: Any = None, positions: Sequence[int] | None = None, k: int = 5,
                ids: Sequence[int] | None = None, decode: Callable[[int], str] | None = None,
-               ctx: Any = None) -> LogitLens:
+               ctx: Any = None, track: int | str | None = None) -> LogitLens:
     """Project every ``layers.{i}`` value of ``source`` (a Trace or mapping) through the model's tail.
 
     ``logit_lens(trace)`` takes everything from a Trace (program, context, values, ids);
@@ -147,6 +163,9 @@ def logit_lens(model: Any, source: Any = None, positions: Sequence[int] | None =
     model's tokenizer, if it has one).  Only ``positions`` go through the tail, with every
     row computed whatever ``logits=`` the trace ran with (``LogitLens.positions`` says which
     it has; the trace's own logits may hold fewer: ``trace.logit_positions``).
+    ``track``: a token (an id, or the text of one token such as ``" blue"``: a text of several
+    tokens is one error naming its pieces) whose probability and rank every layer gives at
+    every position: ``LogitLens.tracked`` (its text, the id it became, ``prob``, ``rank``).
     """
     import mlx.core as mx
 
@@ -173,6 +192,7 @@ def logit_lens(model: Any, source: Any = None, positions: Sequence[int] | None =
         if ctx is None and hasattr(model, "context"):
             ctx = model.context()
     tail = lens_tail(program)
+    track_id = None if track is None else _track_id(model, track)
     if isinstance(source, Mapping):
         raw = {int(m.group(1)): v for kk, v in source.items() if (m := _RESID.match(kk))}
     else:
@@ -213,6 +233,14 @@ def logit_lens(model: Any, source: Any = None, positions: Sequence[int] | None =
         top_p.append(np.take_along_axis(p, order, -1))
         ent.append(-(p * np.where(p > 0, lp, 0)).sum(-1))
         logps.append(lp)
+    tracked = {}
+    if track_id is not None:
+        if not track_id < logps[0].shape[-1]:
+            raise ValueError(f"track token id {track_id} is outside the vocabulary of {logps[0].shape[-1]}")
+        tp = np.stack([lp[:, track_id] for lp in logps])  # [L, P] log-probabilities
+        tracked = {"token": model.decode([track_id]) if getattr(model, "tokenizer", None) is not None
+                   else str(track_id), "id": int(track_id), "prob": np.exp(tp),
+                   "rank": np.stack([(lp > lp[:, track_id][:, None]).sum(-1) for lp in logps])}
     final = top_ids[-1][:, 0]
     ranks = np.stack([(lp > lp[np.arange(len(final)), final][:, None]).sum(-1) for lp in logps])
     if decode is None and getattr(model, "tokenizer", None) is not None and hasattr(model, "decode"):
@@ -222,4 +250,5 @@ def logit_lens(model: Any, source: Any = None, positions: Sequence[int] | None =
         ids = [int(i) for i in np.asarray(ids).ravel()]
         tokens = [decode(ids[p]) if p < len(ids) else "" for p in positions]
     return LogitLens(layers=layers, positions=positions, top_ids=np.stack(top_ids), top_probs=np.stack(top_p),
-                     entropy=np.stack(ent), final_ids=final, final_rank=ranks, tokens=tokens, decode=decode)
+                     entropy=np.stack(ent), final_ids=final, final_rank=ranks, tokens=tokens, decode=decode,
+                     tracked=tracked)

@@ -165,7 +165,7 @@ def trace(model, ids_or_text, capture="stats", dtype=None, breakpoints=None, int
     capture: ``"stats"`` (default) | ``"full"`` | [name patterns] | None.
     dtype: compute dtype (``"float32"``, ``"bfloat16"``, ``"float16"``) whatever the
     storage dtype; None uses the model's default.
-    Batches are left padded and masked; ``.logits`` is then [B, T, vocab].
+    Batches are left padded and masked.  ``.logits`` is [B, T, vocab] (B = 1 for one sequence).
     attention: None (the model's program, fused unless ``load`` said otherwise) |
     ``"fused"`` | ``"explicit"`` | layers (``3``, ``"layers.3"`` or a list) whose attention
     runs as explicit scores -> softmax -> context steps (docs/trace.md, Attention).

@@ -8,7 +8,12 @@
     g.stats("logits")   # the op's stats in every forward
     g.first_nonfinite() # (forward index, Finding) of the first non-finite op, or None
 
-Token ``k`` (0-based) is drawn from ``g.traces[k].logits`` at the last position;
+Generation stops at the end of text: after a token of :func:`eos_ids` (the checkpoint's
+``eos_token_id``, a number or a list: config.json's text config, else its top level), the
+``<eos>`` being the last token of ``g.tokens``; ``past_eos=True`` keeps going to
+``max_tokens`` (``g.stopped`` says which: ``"eos"``, ``"stop"`` or ``"max_tokens"``).
+
+Token ``k`` (0-based) is drawn from ``g.traces[k].logits[:, -1]`` (the last position);
 ``g.traces[k]`` for k >= 1 ran on token ``k-1`` alone, reading the cache.  Captured
 values of every forward share one memory budget (and spill directory).
 
@@ -47,6 +52,10 @@ class Generation:
     traces: list = field(repr=False)
     batched: bool = False
     sampling: dict = field(default_factory=dict)  # temperature, top_p, top_k, seed
+    #: why decoding ended: "eos" (an end-of-text token), "stop" (a ``stop`` id) or "max_tokens"
+    stopped: str = "max_tokens"
+    #: the end-of-text ids it stopped at (empty with past_eos=True or when the config names none)
+    eos: tuple = ()
 
     @property
     def tokens(self):
@@ -76,6 +85,22 @@ class Generation:
 
     def __repr__(self) -> str:
         return f"<Generation {len(self.generated[0])} tokens x {len(self.generated)} sequence(s), {len(self.traces)} forwards>"
+
+
+def eos_ids(model) -> tuple[int, ...]:
+    """The checkpoint's end-of-text token ids: ``eos_token_id`` of config.json's text config,
+    else of its top level (a number or a list of numbers; Gemma lists several); () when
+    neither names one.  A value that is not an id (nor a list of ids) is one ValueError."""
+    top = getattr(getattr(model, "checkpoint", None), "config", None)
+    for cfg in (getattr(model, "config", None), top):
+        v = cfg.get("eos_token_id") if isinstance(cfg, dict) else None
+        if v is None:
+            continue
+        ids = list(v) if isinstance(v, (list, tuple)) else [v]
+        if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+            raise ValueError(f"config eos_token_id {v!r} is not a token id or a list of token ids")
+        return tuple(i for i in ids if i < vocab_size(model))
+    return ()
 
 
 # --------------------------------------------------------------------------- sampling (mlx-lm's)
@@ -171,12 +196,14 @@ def _forward(t, sampler, n: int) -> mx.array:
 def generate(model, prompt, max_tokens: int = 16, capture="stats", dtype=None, *, interventions=None,
              stop: list[int] | None = None, memory_budget: int | None = None, spill_dir: str | None = None,
              pad_id: int | None = None, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-             seed: int | None = None) -> Generation:
+             seed: int | None = None, past_eos: bool = False) -> Generation:
     """Decode with the model's KV cache; every forward is a captured :class:`Trace`.
 
     ``prompt``: text, token ids, or a batch of either (left padded); every id is checked
     (an integer in the vocabulary).  ``stop``: token ids (or one id) ending a
-    (single-sequence) generation early, checked the same way.  ``temperature`` 0 (the default) is greedy;
+    generation early, checked the same way; the end-of-text ids (:func:`eos_ids`) stop it too
+    unless ``past_eos=True``.  A batch stops once every sequence has made a stop or end-of-text
+    token (the rows that ended first keep the tokens drawn after theirs).  ``temperature`` 0 (the default) is greedy;
     above 0 tokens are sampled (``top_p`` in (0, 1], ``top_k`` >= 0, 0 = off; a ``top_k`` at
     or above the vocabulary keeps every token, where mlx-lm refuses it) with the random keys
     of ``seed`` (see the module docstring: the same tokens as mlx-lm's).
@@ -194,11 +221,13 @@ def generate(model, prompt, max_tokens: int = 16, capture="stats", dtype=None, *
     store = ValueStore(memory_budget, spill_dir)
     kw = dict(capture=capture, dtype=dtype, interventions=interventions, store=store)
     t = _trace(model, ids, cache=cache, attention_mask=mask, key_prefix="0/", **kw)
-    t.batched = True
     traces = [t]
     B = ids.shape[0]
     out: list[list[int]] = [[] for _ in range(B)]
-    stops = set(stop or [])
+    eos = () if past_eos else eos_ids(model)
+    stops = set(stop or []) | set(eos)
+    ended = [False] * B
+    why = "max_tokens"
     # every forward adds a few hundred Step records that live as long as the Generation:
     # Python's cyclic collector would rescan them all, again and again, while decoding (a few
     # percent of the tokens/s); it is paused for the loop and resumes after it
@@ -212,17 +241,21 @@ def generate(model, prompt, max_tokens: int = 16, capture="stats", dtype=None, *
             if n < max_tokens - 1:
                 ahead = _trace(model, nxt.astype(mx.int32)[:, None], cache=cache, key_prefix=f"{n + 1}/",
                                check_ids=False, **kw)
-                ahead.batched = True
                 nxt_ahead = _forward(ahead, sampler, n + 1)
             t.start_stats()  # forward n's statistics (CPU), while forward n + 1 computes
             toks = nxt.tolist()
             for b in range(B):
                 out[b].append(toks[b])
-            if ahead is None:
+                if not ended[b] and toks[b] in stops:
+                    ended[b] = True
+                    why = "eos" if toks[b] in eos and toks[b] not in (stop or []) else "stop"
+            if all(ended):  # the forward queued on the stop token makes no token: its captured
+                if ahead is not None:  # values go, and the cache goes back to where it started
+                    ahead.reset()
                 break
-            if B == 1 and toks[0] in stops:
-                ahead.reset()  # the forward queued on the stop token made no token: its captured
-                break          # values go, and the cache goes back to where it started
+            if ahead is None:
+                why = "max_tokens"
+                break
             t, nxt = ahead, nxt_ahead
             traces.append(t)
     wait_for_stats(traces)  # (run() left nothing pending: the statistics still computing)
@@ -230,4 +263,4 @@ def generate(model, prompt, max_tokens: int = 16, capture="stats", dtype=None, *
         tr.batched = batched
     return Generation(model, ids, out, traces, batched,
                       {"temperature": sampler.temperature, "top_p": sampler.top_p, "top_k": sampler.top_k,
-                       "seed": sampler.seed})
+                       "seed": sampler.seed}, why, tuple(eos))

@@ -5,7 +5,7 @@ The final projection (``lm_head``, or the tied embedding) is the largest output 
 MLX's CUDA backend (SIGFPE); no one reads every row of it.  So a trace computes the head for
 the positions asked for only:
 
-* ``"all"``: every position of the forward (``tr.logits`` is [T, vocab]);
+* ``"all"``: every position of the forward (``tr.logits`` is [B, T, vocab]);
 * ``"last"``: the last one (what generation samples from);
 * a ``slice`` (``slice(-4, None)``, ``slice(0, 100, 10)``) or a list of positions
   (``[0, 5, -1]``): those, in increasing order (duplicates refused);
@@ -17,7 +17,7 @@ the positions asked for only:
 Positions index this forward's token axis (0 .. T-1, as the ids given; under a KV cache,
 the new chunk's tokens); every sequence of a batch gets the same positions (left padding:
 the last position is every sequence's last token).  ``tr.logit_positions`` is a ``range``
-(all, last, a slice) or a tuple; ``tr.logits`` is [P, vocab] (or [B, P, vocab]).
+(all, last, a slice) or a tuple; ``tr.logits`` is [B, P, vocab].
 
 Exactness: while the whole [B, T, vocab] logits hold at most :data:`EXACT_ELEMENTS` elements
 (or ``WORKBENCH_LOGITS_EXACT``), the head still runs on every position and the rows are taken

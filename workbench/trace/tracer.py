@@ -91,7 +91,8 @@ class Trace:
         self.program = program
         self.ctx = ctx
         self.model = model
-        #: False: one unbatched sequence (``.logits`` drops the batch axis)
+        #: False: one sequence given unbatched (text or one list of ids); every value, ``.logits``
+        #: included, keeps its batch axis of 1 whatever this says
         self.batched = bool(batched)
         #: the token ids [B, T] and the padding mask [B, T] (None: no padding) it runs on
         self.ids = ids
@@ -644,16 +645,14 @@ class Trace:
 
     @property
     def logits(self) -> mx.array:
-        """Logits: [P, vocab] for one sequence, [B, P, vocab] for a batch, P the positions
-        :attr:`logit_positions` names (every one of the T tokens unless ``logits=`` or the
-        logits budget said otherwise)."""
+        """Logits [B, P, vocab], as ``value()`` gives every op's output: the batch axis is kept
+        for one sequence too (B = 1: ``tr.logits[0, -1]`` is the next-token logits); P the
+        positions :attr:`logit_positions` names (every one of the T tokens unless ``logits=``
+        or the logits budget said otherwise)."""
         if not self.done:
             raise TraceError(f"the trace has not reached {self._last_name!r} yet (op {self.position} of "
                              f"{len(self._ops)}); call run()")
-        v = self.value(self._last_name)
-        if not self.batched and v.ndim == 3 and v.shape[0] == 1:
-            return mx.squeeze(v, 0)  # (a reshape: no copy; v[0] is a slice, which MLX's CUDA backend copies)
-        return v
+        return self.value(self._last_name)
 
     def per_token(self, name: str, axis: int | None = None) -> dict:
         """Per-position view of an op's output: ``{"absmax": [B, T], "nonfinite": [B, T]}``

@@ -3,9 +3,16 @@
     tr = workbench.trace(model, "the cat sat", capture="full")
     StepDebugger(tr)
 
-Buttons: back · step · step over layer (to the residual stream ``layers.{i}`` that ends
-the current layer) · run to an op · next non-finite (stops at the next op whose output
-holds a NaN or an infinity, and explains the first one) · run to the end.
+Buttons: start (back to op #0) · back · step · step over layer (to the next layer boundary:
+the end of the embedding ops, then the residual stream ``layers.{i}`` that ends each layer)
+· next non-finite (stops at the next op whose output holds a NaN or an infinity, and
+explains the first one) · end (run every remaining op) · run to an op.  "run to" takes a
+full op name only: a name that is no op (a typo) runs nothing and the closest names are
+suggested under the box (:func:`workbench.trace.navigate.find_op`).
+
+A view drawn from a notebook's saved state (no kernel behind it) cannot run anything: the
+committed notebooks save it with its buttons disabled and the line "run the cell to use
+the buttons" (:func:`workbench.widgets.saved.mark_unrun`), and its text form says so too.
 
 Shown for the current op (the last one run): its name, kind, layer, input and output
 shapes; statistics and the fraction of float16's and bfloat16's range its largest value
@@ -23,8 +30,9 @@ A log (an Output widget) records every action.  Ops are numbered from 0, as
 ``op #23`` for the 24th op.  Buttons work from any thread and show their errors in the
 widget (:mod:`workbench.widgets._actions`).
 
-The widget only calls the Trace's public API (``step``, ``run``, ``back``, ``value``,
-``stats``, ``first_nonfinite``) and draws what comes back.  Values are shown when the
+The widget only calls the Trace's public API (``step``, ``run``, ``back``, ``reset``,
+``value``, ``stats``, ``first_nonfinite``) and :mod:`workbench.trace.navigate`, and draws
+what comes back.  Values are shown when the
 trace has them: use ``capture="full"`` (or patterns) to see every heatmap; with
 ``capture="stats"`` only the ops still live are drawn.
 """
@@ -39,9 +47,11 @@ import ipywidgets as W
 import numpy as np
 
 from workbench.widgets._actions import Actions
+from workbench.widgets.saved import text_form
 from workbench.widgets._render import (BF16_MAX, colour_table, FP16_MAX, abbr, as_2d, fmt, headroom_bar, heatmap, shape_str,
                                        table)
 from workbench.trace.heads import context_op, probabilities
+from workbench.trace.navigate import NoSuchOp, find_op, next_boundary
 from workbench.widgets.attention import (AttentionView, decoded_tokens, module_note, pattern_op, softmax_op,
                                          token_labels)
 
@@ -79,24 +89,29 @@ class StepDebugger(W.VBox):
         colour_table("RdBu_r"), colour_table("Blues")  # colour tables ready before the first click
 
         b = lambda desc, icon, cls, tip: self._button(desc, icon, cls, tip)  # noqa: E731
+        self.start_button = b("start", "fast-backward", "wb-start", "back to the start (op #0 not run yet)")
         self.back_button = b("back", "step-backward", "wb-back", "undo the last op")
         self.step_button = b("step", "step-forward", "wb-step", "run the next op")
         self.layer_button = b("step over layer", "forward", "wb-step-layer",
-                              "run to the residual stream at the end of the current layer")
+                              "run to the next layer boundary (the end of the embedding, then each layer)")
         self.nonfinite_button = b("next non-finite", "exclamation-triangle", "wb-next-nonfinite",
                                   "run until an op's output holds NaN or Inf")
-        self.end_button = b("run to end", "fast-forward", "wb-run-end", "run every remaining op")
+        self.end_button = b("end", "fast-forward", "wb-run-end", "run every remaining op")
+        # any text reaches Python (ensure_option would keep the last valid name typed, a prefix)
         self.target = W.Combobox(placeholder="op name, e.g. layers.1.self_attn.context",
-                                 options=list(trace.ops), ensure_option=True, layout=W.Layout(width="330px"))
+                                 options=list(trace.ops), ensure_option=False, layout=W.Layout(width="330px"))
         self.target.add_class("wb-target")
-        self.run_to_button = b("run to", "play", "wb-run-to", "run through the op named on the left")
+        self.run_to_button = b("run to", "play", "wb-run-to", "run through the op named on the left (a full name)")
+        self.target_hint = W.HTML()  # "no op named ...; did you mean ..." after a name that is no op
+        self.target_hint.add_class("wb-target-hint")
         self.actions = act = Actions(redraw=self.refresh)
+        self.start_button.on_click(act("start", lambda _: self.start()))
         self.back_button.on_click(act("back", lambda _: self.back()))
         self.step_button.on_click(act("step", lambda _: self.step()))
         self.layer_button.on_click(act("step over layer", lambda _: self.step_layer()))
         self.nonfinite_button.on_click(act("next non-finite", lambda _: self.next_nonfinite()))
-        self.end_button.on_click(act("run to end", lambda _: self.run_to(None)))
-        self.run_to_button.on_click(act("run to", lambda _: self.run_to(self.target.value or None)))
+        self.end_button.on_click(act("end", lambda _: self.run_to(None)))
+        self.run_to_button.on_click(act("run to", lambda _: self.run_to(self.target.value or "")))
 
         self.progress = W.IntProgress(value=0, min=0, max=len(trace.ops), description="",
                                       layout=W.Layout(width="100%", height="10px"))
@@ -121,13 +136,18 @@ class StepDebugger(W.VBox):
         self.output = W.Output(layout=W.Layout(max_height="160px", overflow="auto", border="1px solid #ddd"))
         self.output.add_class("wb-log")
 
-        controls = W.HBox([self.back_button, self.step_button, self.layer_button, self.nonfinite_button,
-                           self.end_button, self.target, self.run_to_button], layout=W.Layout(flex_flow="row wrap"))
+        controls = W.HBox([self.start_button, self.back_button, self.step_button, self.layer_button,
+                           self.nonfinite_button, self.end_button, self.target, self.run_to_button],
+                          layout=W.Layout(flex_flow="row wrap"))
         left = W.VBox([self.stats_html, self.norms_html], layout=W.Layout(width="46%"))
         right = W.VBox([self.heatmap_note, self.heatmap, self.attention_box], layout=W.Layout(width="54%"))
-        super().__init__([controls, self.progress, self.current, act.area, W.HBox([left, right]), self.output])
+        super().__init__([controls, self.target_hint, self.progress, self.current, act.area, W.HBox([left, right]),
+                          self.output])
         self.add_class("wb-step-debugger")
         self.refresh()
+
+    def __repr__(self) -> str:  # the text a page without the widget manager shows
+        return text_form(self)
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
@@ -159,14 +179,14 @@ class StepDebugger(W.VBox):
         return norms
 
     def _busy(self, on: bool) -> None:
-        for btn in (self.back_button, self.step_button, self.layer_button, self.nonfinite_button,
-                    self.end_button, self.run_to_button):
+        for btn in (self.start_button, self.back_button, self.step_button, self.layer_button,
+                    self.nonfinite_button, self.end_button, self.run_to_button):
             btn.disabled = on
         if not on:
             tr = self.trace
             self.step_button.disabled = self.layer_button.disabled = self.end_button.disabled = tr.done
             self.nonfinite_button.disabled = self.run_to_button.disabled = tr.done
-            self.back_button.disabled = tr.position == 0
+            self.back_button.disabled = self.start_button.disabled = tr.position == 0
 
     # ------------------------------------------------------------------ actions (also the Python API)
     def step(self):
@@ -182,6 +202,17 @@ class StepDebugger(W.VBox):
         self.last_update_s = time.perf_counter() - t0
         return s
 
+    def start(self):
+        """Back to the start: no op run, nothing captured (the start button)."""
+        if self.trace.position == 0:
+            self._say("already at the start")
+            return None
+        n = self.trace.position
+        self.trace.reset()
+        self._say(f"start: undid {n} ops: next op #0 {self.trace.ops[0]}")
+        self.refresh()
+        return None
+
     def back(self):
         """Undo the last op (the back button)."""
         if self.trace.position == 0:
@@ -195,31 +226,34 @@ class StepDebugger(W.VBox):
         return s
 
     def step_layer(self):
-        """Run to the residual stream ``layers.{i}`` closing the layer of the next op."""
+        """Run to the next layer boundary (:func:`~workbench.trace.navigate.next_boundary`):
+        the end of the embedding ops, of the current layer (``layers.{i}``), or the last op."""
         tr = self.trace
         if tr.done:
             self._say("the trace is done")
             return None
-        nxt = tr.program[tr.position]
-        layer = nxt.layer
-        if layer is None or f"layers.{layer}" not in tr.ops[tr.position:]:
-            return self.step()
-        return self.run_to(f"layers.{layer}")
+        end = next_boundary(tr.program, tr.position)
+        return self._run(end, stop_nonfinite=False, label=f"step over layer to {tr.ops[end]}")
 
     def run_to(self, name: str | None):
-        """Run through the op ``name`` (None: to the end), a chunk at a time with progress."""
+        """Run through the op named exactly ``name`` (None: to the end), a chunk at a time with
+        progress.  A name that is no op runs nothing: the closest names are suggested."""
         tr = self.trace
+        self.target_hint.value = ""
+        if name is not None:
+            try:
+                end = find_op(tr.ops, name)
+            except NoSuchOp as e:
+                why = ("type an op name (or pick one from the list)" if not e.name.strip() else str(e))
+                self._say(f"run to: {why}; nothing ran")
+                self.target_hint.value = f"<span style='color:#a40'>run to: {html.escape(why)}</span>"
+                return None
         if tr.done:
             self._say("the trace is done")
             return None
         if name is not None:
-            try:
-                end = tr.program.index(name)
-            except KeyError:
-                self._say(f"no op named {name!r} (pick one from the list)")
-                return None
             if end < tr.position:
-                self._say(f"{name} (op #{end}) already ran; the next op is #{tr.position}: use back")
+                self._say(f"{tr.ops[end]} (op #{end}) already ran; the next op is #{tr.position}: use back")
                 return None
         else:
             end = len(tr.ops) - 1

@@ -17,6 +17,7 @@ import ipywidgets as W
 from IPython.display import HTML, Image
 
 from workbench.widgets._actions import Actions
+from workbench.widgets.saved import text_form
 from workbench.widgets._render import GLOSSARY, abbr, figure_png, fmt, glossary, table
 
 METRICS = ("nmse", "1-cosine", "max_abs", "max_rel")
@@ -24,6 +25,9 @@ METRICS = ("nmse", "1-cosine", "max_abs", "max_rel")
 
 class DiffView(W.VBox):
     """Per-op error curve of a DiffReport, the first divergence marked, per-op details."""
+
+    def __repr__(self) -> str:  # the text a page without the widget manager shows
+        return text_form(self)
 
     def __init__(self, report):
         self.report = report

@@ -20,6 +20,7 @@ import ipywidgets as W
 from IPython.display import HTML
 
 from workbench.widgets._actions import Actions
+from workbench.widgets.saved import text_form
 from workbench.widgets._render import GLOSSARY, abbr, table
 
 READ, WRITE, BOTH = 1, 2, 3
@@ -70,6 +71,9 @@ class HazardTimeline(W.VBox):
     width = 900
     label_w = 170
     row_h = 16
+
+    def __repr__(self) -> str:  # the text a page without the widget manager shows
+        return text_form(self)
 
     def __init__(self, schedule: Any, hazards: Sequence | None = None):
         from workbench.buffers import analyze, summarize

@@ -25,6 +25,7 @@ import numpy as np
 from IPython.display import HTML, Image
 
 from workbench.widgets._actions import Actions
+from workbench.widgets.saved import text_form
 from workbench.widgets._render import GLOSSARY, abbr, fmt, table
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.(.+)$")
@@ -44,6 +45,9 @@ def _parts(name: str) -> tuple[int | None, str]:
 
 class WeightBrowser(W.VBox):
     """Browse an inspection report's tensors with the inspector's problems marked."""
+
+    def __repr__(self) -> str:  # the text a page without the widget manager shows
+        return text_form(self)
 
     def __init__(self, report, stat: str = "std"):
         self.report = report
