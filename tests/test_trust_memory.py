@@ -249,7 +249,7 @@ def test_distributed_logits_never_replace_a_file(capsys, tmp_path):
     assert cli(capsys, "distributed", DEMO, "--ids", "2,15,16", "--logits", new)[0] == 0
     import numpy as np
 
-    assert np.load(new).shape == (3, 522)
+    assert np.load(new).shape == (1, 3, 522)   # [batch, position, vocab], as tr.logits
 
 
 # ---------------------------------------------------------------------------- load() arguments

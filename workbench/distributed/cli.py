@@ -8,7 +8,7 @@ Every rank runs the same command; each steps its own layers (rank 0 also the emb
 the last rank the final norm, lm_head and logits) and only rank 0 prints: the ranks (host,
 layers, ops, seconds) and the ops closest to overflow, or with ``--json``
 ``{"ranks": [...], "steps": [one record per op, in program order], "logits": {"shape",
-"dtype", "last_argmax"}}``.  ``--logits`` writes the logits (float32 .npy) on rank 0,
+"dtype", "last_argmax"}}``.  ``--logits`` writes the logits (float32 .npy, [1, T, vocab]) on rank 0,
 to a new file (an existing one is refused, as at every output path: fsio.check_destination).
 Exit 0; 2 for unusable input (one line, ``rank R:`` in front when there are several
 ranks; mlx.launch itself exits 0 whatever its ranks did, so read stderr).
