@@ -70,7 +70,8 @@ def bench(path: Path, kind: str, tokens: int, prompt_len: int, reps: int, clock,
 
     def ours(capture):
         def f():
-            g = workbench.generate(model, prompt, max_tokens=tokens, capture=capture, seed=seed, **sampling)
+            g = workbench.generate(model, prompt, max_tokens=tokens, capture=capture, seed=seed, past_eos=True,
+                                   **sampling)  # as generate_step: every token, <eos> or not
             out[f"capture={capture}"] = g.tokens
         return f
 
