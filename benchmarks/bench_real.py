@@ -58,6 +58,7 @@ from pathlib import Path
 import workbench  # noqa: F401  (fast BLAS before mlx.core)
 import mlx.core as mx
 
+from workbench import attention as attn_math
 from workbench import fsio
 from workbench.device_memory import device_memory
 from workbench.trace import stats
@@ -137,6 +138,40 @@ def chunked_forward(ref, ids, chunk: int):
     return out[0, -1]
 
 
+def one_call_last(ref, ids):
+    """mlx-lm's one-call forward, its head applied to the last position only (its model's
+    ``model`` returns every position's hidden state; the head and softcap are per position),
+    [vocab]: what its forward computes there, without the [T, vocab] logits that die at 2^32."""
+    lm = getattr(ref, "language_model", ref)
+    inner = lm.model
+
+    class Last:
+        def __call__(self, *a, **kw):
+            return inner(*a, **kw)[:, -1:]
+
+        def __getattr__(self, name):
+            return getattr(inner, name)
+
+    object.__setattr__(lm, "model", Last())
+    try:
+        out = ref_logits(ref, ids)[0, -1]
+        mx.eval(out)
+    finally:
+        vars(lm).pop("model", None)
+    return out
+
+
+def one_call_windows(f):
+    """``f`` with sliding layers attending in one call (workbench.attention.WINDOW_ROWS None)."""
+    def g():
+        keep, attn_math.WINDOW_ROWS = attn_math.WINDOW_ROWS, None
+        try:
+            return f()
+        finally:
+            attn_math.WINDOW_ROWS = keep
+    return g
+
+
 def long_row(model, tokens: int) -> bool:
     """True where a trace keeps only the last position's logits by default."""
     return not default_logits(tokens, 1, model.vocab_size, model.default_dtype).all
@@ -191,6 +226,17 @@ def bench_tokens(model, ref, ref_name: str, tokens: int, reps: int, clock, atten
     got = probe.logits if not long else probe.logits.reshape(-1, probe.logits.shape[-1])[-1]
     diff = float(mx.abs(got.astype(mx.float32) - want.astype(mx.float32)).max())
     n_ops = len(probe.ops)
+    last = {}  # the last position against mlx-lm's one-call forward there, with and without window blocks
+    if long:
+        exact = one_call_last(ref, ids)
+        unblocked = one_call_windows(traced(None))()
+        row = lambda t: t.logits.reshape(-1, t.logits.shape[-1])[-1].astype(mx.float32)  # noqa: E731
+        last = {"one_call_absmax": float(mx.abs(exact.astype(mx.float32)).max()),
+                "trace_vs_one_call": float(mx.abs(got.astype(mx.float32) - exact.astype(mx.float32)).max()),
+                "trace_one_call_windows_vs_one_call": float(mx.abs(row(unblocked) - exact.astype(mx.float32)).max()),
+                "chunked_vs_one_call": float(mx.abs(want.astype(mx.float32) - exact.astype(mx.float32)).max())}
+        del unblocked
+        log(f"{tokens} tokens, last position: {last}")
     logits_kept = probe.logit_rows.describe() if probe.logit_rows is not None else None
     full_bytes = sum(math.prod(s.output_shape) * model.default_dtype.size for s in probe.steps
                      if s.output_shape)
@@ -213,6 +259,8 @@ def bench_tokens(model, ref, ref_name: str, tokens: int, reps: int, clock, atten
         variants[chunked] = theirs_chunked
         variants[f"{chunked}-all"] = theirs_chunked_all
     variants.update({"trace-none": traced(None), "trace-stats": traced("stats")})
+    if attn_math.window_blocks(tokens, tokens, 1) and any(op.attrs.get("window") for op in model.program.ops):
+        variants["trace-stats-one-call-windows"] = one_call_windows(traced("stats"))
     if run_full:
         variants["trace-full"] = traced("full")
     if attention == "explicit":
@@ -230,7 +278,7 @@ def bench_tokens(model, ref, ref_name: str, tokens: int, reps: int, clock, atten
     return {"tokens": tokens, "ops": n_ops, "long": long, "logits_kept": logits_kept,
             "first_stats_trace_s": first_s, "max_abs_diff_vs_reference": diff,
             "compared_with": chunked if long else ref_name, "full_capture_bytes": full_bytes,
-            "hunt_ops_checked": hunt_ops[0], "notes": notes,
+            "hunt_ops_checked": hunt_ops[0], "notes": notes, "last_position": last,
             "stats_kernel": stats_kernel(model, ids, reps) if run_full and stats.on_cuda() else None,
             "times": {k: {"median_s": v[0], "min_s": v[1], "tokens_per_s": tokens / v[0]} for k, v in med.items()}}
 

@@ -311,6 +311,47 @@ def test_a_call_mlx_fuses_never_runs_in_chunks(ckpts, monkeypatch):
     assert mx.array_equal(got, want).item()
 
 
+@pytest.mark.parametrize("arch", ["gemma4_text", "gemma3_text"])
+def test_sliding_layers_attend_in_blocks_over_their_window(ckpts, arch, monkeypatch):
+    """A long prompt (from WINDOW_FROM keys) through a sliding window (16 tokens here) runs in
+    blocks of WINDOW_ROWS queries (8 here), each over the keys its window reaches (at most 16 + 8 - 1), even where
+    MLX fuses the one call; full layers keep one call.  The values are the explicit steps'
+    (float32 rounding), with and without a cache, and the cut-off is data: None turns it off."""
+    model = workbench.load(ckpts(arch))
+    ids = mx.array([[(7 * i) % 250 + 3 for i in range(48)]])
+    ref_ctx, ref_logits = _contexts(model, model.program_for("explicit"), ids)
+    monkeypatch.setattr(attn_math, "fused_kernel", lambda q, k, v, mask: True)
+    monkeypatch.setattr(attn_math, "WINDOW_ROWS", 8)
+    assert not attn_math.window_blocks(48, 48, 16)  # below WINDOW_FROM keys: one call, mlx-lm's bits
+    monkeypatch.setattr(attn_math, "WINDOW_FROM", 40)
+    sliding = [op.attrs.get("window") is not None for op in model.program.ops if op.kind == "attention"]
+    assert any(sliding) and not all(sliding)
+    calls, kernel = [], mx.fast.scaled_dot_product_attention
+    monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", lambda q, k, *a, **kw: calls.append(
+        (q.shape[2], k.shape[2])) or kernel(q, k, *a, **kw))
+    got_ctx, got_logits = _contexts(model, model.program, ids)
+    per_layer = iter(calls)
+    for window in sliding:
+        if window:
+            blocks = [next(per_layer) for _ in range(6)]
+            assert [r for r, _ in blocks] == [8] * 6 and max(k for _, k in blocks) <= 16 + 8 - 1
+        else:
+            assert next(per_layer) == (48, 48)
+    assert next(per_layer, None) is None
+    for a, b in zip(got_ctx, ref_ctx):
+        np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-4, atol=2e-4)
+    np.testing.assert_allclose(np.array(got_logits), np.array(ref_logits), rtol=1e-4, atol=2e-4)
+    cache = model.make_cache()
+    _contexts(model, model.program, ids[:, :20], None, cache)
+    tail, _ = _contexts(model, model.program, ids[:, 20:], None, cache)  # 28 queries over 48 keys, in blocks
+    for a, b in zip(tail, ref_ctx):
+        np.testing.assert_allclose(np.array(a), np.array(b)[:, 20:], rtol=1e-4, atol=2e-4)
+    monkeypatch.setattr(attn_math, "WINDOW_ROWS", None)
+    calls.clear()
+    _contexts(model, model.program, ids)
+    assert calls == [(48, 48)] * model.num_layers
+
+
 def test_mlx_cpu_backend_has_no_fused_kernel_so_long_prompts_chunk():
     """The probe asks MLX itself (a graph of zeros, nothing computed): its CPU backend
     composes the call (scores inside), so the memory bound applies there."""

@@ -29,6 +29,10 @@ def test_long_rows_chunked_prefill_profile_and_crash_hunt(tmp_path, monkeypatch,
     assert set(long["times"]) == {"mlx-lm-chunked", "mlx-lm-chunked-all", "trace-none", "trace-stats"}
     assert long["logits_kept"].startswith("position 15") and long["compared_with"] == "mlx-lm-chunked"
     assert short["max_abs_diff_vs_reference"] == 0 and long["max_abs_diff_vs_reference"] == 0
+    last = long["last_position"]  # mlx-lm's one-call forward at the last position, its head on that row only
+    assert last["one_call_absmax"] > 0 and last["trace_vs_one_call"] == 0
+    assert last["trace_one_call_windows_vs_one_call"] == 0 and last["chunked_vs_one_call"] == 0
+    assert short["last_position"] == {}
     assert r["profile"]["tokens"] == 16 and r["profile"]["top"]
     assert [c["logits"] for c in r["crash_hunt"]] == ["all", "default"]
     assert all(c["exit_code"] == 0 and c["steps_completed"] == c["steps"] for c in r["crash_hunt"])

@@ -24,6 +24,22 @@ CHOICES = ("fused", "explicit")
 #: runs in one call, as mlx-lm's does).  A call MLX fuses never runs in chunks.
 CHUNK_BYTES = {"cpu": 64 * 2**20, "gpu": None}
 
+#: a sliding-window layer attends in blocks of this many queries from :data:`WINDOW_FROM`
+#: keys on: each block over the keys its window reaches, at most ``window + WINDOW_ROWS - 1``,
+#: instead of one call over all S keys under a [T, S] mask -- as mlx-lm's generate path does
+#: when it prefills in chunks through its rotating cache.  At 32,768 tokens through a window
+#: of 512 one call does 32x the work the blocks do (and makes a 1 GiB mask); the block size
+#: is the fastest of 512 / 1024 / 2048 on an H200 (benchmarks/README.md).  Blocks change the
+#: values in their last bits only (the same keys, summed in another order).  None: never.
+WINDOW_ROWS: int | None = 512
+
+#: the key count from which :data:`WINDOW_ROWS` applies.  Below it a sliding layer attends in
+#: one call, so the logits equal mlx-lm's one-call forward bit for bit; from it on mlx-lm's
+#: one call is out of reach anyway ([T, vocab] logits past 2^32 elements on Gemma's 262,144
+#: vocabulary) and the prompt is compared with its chunked prefill, itself not bit-equal to
+#: its one call.
+WINDOW_FROM = 16384
+
 
 def attention_mask(first: int, rows: int, lo: int, hi: int, window: int | None = None, valid=None):
     """Which keys each query may attend, True = may: queries at positions ``first .. first +
@@ -64,14 +80,17 @@ def fused_attention(q, k, v, valid, scale: float, window: int | None = None):
     The queries are the last T of the S key positions.  When one call's scores would pass
     :data:`CHUNK_BYTES`, the queries run in chunks, one after the other, each over the keys
     it may see (causal: none after its last query; ``window``: none before its first
-    query's window) with its own slice of the mask: no [T, S] value is ever made."""
+    query's window) with its own slice of the mask: no [T, S] value is ever made.  A long
+    prompt through a sliding ``window`` runs in blocks of :data:`WINDOW_ROWS` the same way."""
     B, H, T, _ = q.shape
     S = k.shape[2]
     first = S - T  # query t is at key position first + t
     valid = real_keys(valid)
     rows = max(1, chunk_bytes() // (B * H * S * 4))
     whole = kernel_mask(first, T, 0, S, window, valid)  # (lazy: never evaluated when chunked)
-    if T <= rows or fused_kernel(q, k, v, whole):
+    if window_blocks(T, S, window):
+        rows = min(rows, WINDOW_ROWS)
+    elif T <= rows or fused_kernel(q, k, v, whole):
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=whole)
     out = []
     for t in range(0, T, rows):
@@ -83,6 +102,13 @@ def fused_attention(q, k, v, valid, scale: float, window: int | None = None):
         mask = kernel_mask(first + t, end - t, lo, hi, window, valid)
         out.append(mx.fast.scaled_dot_product_attention(qc, k[:, :, lo:hi], v[:, :, lo:hi], scale=scale, mask=mask))
     return mx.concatenate(out, axis=2)
+
+
+def window_blocks(T: int, S: int, window: int | None) -> bool:
+    """Whether :func:`fused_attention` runs ``T`` queries over ``S`` keys in blocks of
+    :data:`WINDOW_ROWS` for the sliding ``window`` (see there)."""
+    return (bool(window) and WINDOW_ROWS is not None and S >= WINDOW_FROM and T > WINDOW_ROWS
+            and S > WINDOW_ROWS + window)
 
 
 def chunk_bytes() -> int:
