@@ -22,8 +22,8 @@ Also the llama.cpp eval-callback text of ``llama_clean``, ``llama_rope_theta``, 
 (``*.ggml.txt``): the same tensors under GGML's names and layouts (ne order, Q/K rows
 permuted as convert_hf_to_gguf permutes them for llama), printed exactly as
 llama.cpp's examples/eval-callback prints them (header line, ``%12.4f`` values, 3 first and 3
-last along each of ne0..ne2, the sum).  llama.cpp itself does not build here in reasonable
-time (2 cores), so this is its printing code's format, not its arithmetic.
+last along each of ne0..ne2, the sum): its printing code's format, not its arithmetic.  Real
+llama.cpp output (``*.real.ggml.txt``) is written by scripts/make_llama_cpp_dumps.py.
 
     PYTHONPATH=/tmp/torchlib .venv/bin/python scripts/make_engine_dumps.py
 """

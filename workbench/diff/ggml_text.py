@@ -24,8 +24,9 @@ not an error confined to unprinted channels or tokens.  The printed ``sum`` adds
 printed elements only (the loop that prints it skips the same ones), so it is not used.
 A name printed for several nodes (``Qcur-0`` after MUL_MAT and ROPE) is read as
 ``NAME@OP`` (``Qcur-0@ROPE``), and a name and op printed again (``ffn_post_norm``, which Gemma's
-graph names without its layer) as ``NAME@OP#k``, k counting from 0 in print order; lines that
-are not part of a tensor (logs) are skipped.
+graph names without its layer) as ``NAME@OP#k``, k counting from 0 in print order; a node with GGML's default name ``node_N``
+(llama.cpp 4227c9b leaves K.Q, the softmax and KQ.V unnamed) as ``node-IL@OP`` (IL: the layer
+of the named node printed before it); lines that are not part of a tensor (logs) are skipped.
 """
 from __future__ import annotations
 
@@ -73,6 +74,29 @@ def _floats(body: str, where: str) -> list:
             out.append(float(tok))
         except ValueError:
             raise DumpError(f"{where}: {tok!r} is not a number") from None
+    return out
+
+
+_UNNAMED = re.compile(r"node_\d+")
+_LAYER = re.compile(r"^[^ ]*-(\d+)(?: |$)")
+
+
+def _name_unnamed(tensors: list) -> list:
+    """GGML names a node its graph builder left unnamed ``node_N`` (N: its index in that graph):
+    llama.cpp 4227c9b prints K.Q, the softmax and KQ.V of every layer so.  Such a node is read as
+    ``node-IL`` (IL: the layer of the last named node printed before it), and with its op as
+    any repeated name is (``node-0@SOFT_MAX``); before any layer it keeps its name."""
+    out, il = [], None
+    for t in tensors:
+        name = t[0]
+        if _UNNAMED.fullmatch(name):
+            if il is not None:
+                t = (f"node-{il}",) + tuple(t[1:])
+        else:
+            m = _LAYER.match(name)
+            if m:
+                il = m.group(1)
+        out.append(t)
     return out
 
 
@@ -153,6 +177,7 @@ def read_eval_callback(path: str | os.PathLike):
             tensors.append((name, op, typ, vals, known))
     if not tensors:
         raise DumpError(f"{p}: no tensor values in llama.cpp eval-callback format (ggml_debug: NAME = (f32) OP(...) = {{...}})")
+    tensors = _name_unnamed(tensors)
     count: dict[str, int] = {}
     for name, *_ in tensors:
         count[name] = count.get(name, 0) + 1

@@ -11,6 +11,8 @@ wrong on the engine's own inputs) with both sides' values and returns ``{"op", "
   position fed to RoPE is off by k (a KV-cache position / offset);
 * ``norm-scale-w``: a norm whose output is ours x w / (1 + w) per channel: Gemma's
   (1 + w) scale applied as w (``norm-scale``: another per-channel scale);
+* ``norm-eps``: a norm whose output is ours x a factor per token, every channel alike: the
+  normalizer differs (e.g. the GGUF's rms epsilon; found on a real llama.cpp dump);
 * ``attention-scale``: softmax probabilities whose log is a multiple of ours (the scores
   scaled by that factor): the attention scale; ``attention-softcap``: a non-linear
   reshaping of the scores that compresses the large ones: a softcap (or a clamp);
@@ -78,6 +80,16 @@ def norm(op: str, ref: np.ndarray, eng: np.ndarray, weight: np.ndarray | None) -
     r, e = np.where(ok, r, 0.0), np.where(ok, e, 0.0)
     den = (r * r).sum(0)
     c = np.where(den > 0, (e * r).sum(0) / np.where(den > 0, den, 1), 1.0)
+    rows = ok.any(1)
+    den1 = (r * r).sum(1)
+    c1 = np.where(den1 > 0, (e * r).sum(1) / np.where(den1 > 0, den1, 1), 1.0)
+    res1 = _rms(e - c1[:, None] * r)
+    if rows.sum() > 1 and res1 <= 0.05 * max(_rms(e - r), 1e-30) and res1 < _rms(e - c * r):
+        k = c1[rows]  # one factor per token, every channel alike: the normalizer differs, not the weight
+        if np.ptp(k) >= 1e-3 * max(abs(float(k.mean())), 1e-30):
+            return {"op": op, "pattern": "norm-eps",
+                    "text": f"the output is ours times a per-token factor ({float(k.min()):.3g} .. {float(k.max()):.3g}), "
+                            "every channel alike: the norm's normalizer differs (its epsilon, or the mean it divides by)"}
     if _rms(e - c * r) > 0.05 * max(_rms(e - r), 1e-30):
         return None
     seen = ok.any(0)  # channels with a value

@@ -77,6 +77,9 @@ class Adapter:
         for en, v in eng.items():
             op, why = self.op_for(en, ops)
             if op is None or (op and op not in ops):
+                if en in info["engine_names"]:  # a matched tensor holds our op of this name
+                    info["dropped"][en] = f"no rule; its name is our op {en!r}, which {info['engine_names'][en]!r} gives"
+                    continue
                 info["unmatched"].append(en)
                 out[en] = v
                 if known is not None and en in known:
@@ -85,9 +88,13 @@ class Adapter:
             if op == "":
                 info["dropped"][en] = why or "no op of ours"
                 continue
-            if op in out:  # two engine tensors for one op: keep the first, say so
+            if op in info["engine_names"]:  # two engine tensors for one op: keep the first, say so
                 info["dropped"][en] = f"the same op as {info['engine_names'][op]!r} ({op})"
                 continue
+            if op in out:  # an unmatched engine tensor of our op's name (llama.cpp's final "norm"): this one wins
+                info["unmatched"].remove(op)
+                info["known"].pop(op, None)
+                info["dropped"][op] = f"no rule; its name is our op {op!r}, which {en!r} gives"
             k = None if known is None else known.get(en)
             if perm_rx is not None and head_dim and perm_rx.match(op) and v.shape[-1] % head_dim == 0:
                 v = unpermute_rope_rows(v, head_dim)
