@@ -210,6 +210,7 @@ check("01.2", answer)
 
 # %%
 def softmax(scores):
+    """scores: a numpy float array of shape [heads, query, key]; return the same shape."""
     return None  # your code
 
 check("01.3", softmax)
@@ -221,6 +222,7 @@ check("01.3", softmax)
 
 # %%
 def top_tokens(logits, k):
+    """logits: a numpy float array of shape [vocab]; k: an int; return a list of k token ids (ints)."""
     return None  # your code
 
 check("01.4", top_tokens)

@@ -249,6 +249,7 @@ check("02.2", answer)
 
 # %%
 def missing_and_unexpected(required, stored):
+    """required, stored: lists of tensor names (str); return (missing, unexpected), two lists of names."""
     return None  # your code
 
 check("02.3", missing_and_unexpected)
@@ -259,6 +260,7 @@ check("02.3", missing_and_unexpected)
 
 # %%
 def count_nonfinite(x):
+    """x: a numpy float array; return (NaN count, +inf count, -inf count), three ints."""
     return None  # your code
 
 check("02.4", count_nonfinite)

@@ -175,14 +175,14 @@ model = workbench.load(DEMO, attention="explicit")   # scores and softmax as ste
 t = workbench.trace(model, prompt, capture="stats", interventions=[inject("layers.0", float("nan"), index=(0, 3, 0))])
 t.run()
 T = t.ids.shape[1]
-for name in ["layers.0", "layers.1.input_layernorm", "layers.1.self_attn.k_proj", "layers.1.self_attn.scores",
+for name in ["layers.0", "layers.1.self_attn.k_proj", "layers.1.self_attn.scores",
              "layers.1.self_attn.softmax", "layers.1", "layers.3", "logits"]:
     s = t.stats(name); shape = t.step_info(name).output_shape
     print(f"{name:28s} {s['nan']:>7d} NaN of {int(np.prod(shape)):>7d}")
 print(t.first_nonfinite())
 
 # %% [markdown]
-# One NaN in one token's vector: the next norm makes that token's whole vector NaN; its key
+# One NaN in one token's vector (how far the next norm spreads it is exercise 2): its key
 # makes the attention scores of every *later* query NaN (the softmax rows that include it).
 # You might expect the *earlier* tokens to stay clean — the model is causal, they never
 # attend to token 3. They do not stay clean: attention's weighted sum multiplies token 3's
@@ -247,6 +247,7 @@ check("04.3", answer)
 
 # %%
 def rms_norm(x, weight, eps):
+    """x: a numpy float array [tokens, hidden_size]; weight: [hidden_size]; eps: a float; return x's shape."""
     return None  # your code
 
 check("04.4", rms_norm)
@@ -258,6 +259,7 @@ check("04.4", rms_norm)
 
 # %%
 def first_nonfinite(names, values):
+    """names: a list of op names (str) in order; values: a dict name -> numpy array; return one name."""
     return None  # your code
 
 check("04.5", first_nonfinite)

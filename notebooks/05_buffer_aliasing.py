@@ -223,6 +223,7 @@ check("05.2", answer)
 
 # %%
 def overlaps(a, b):
+    """a, b: dicts {"buffer": str, "offset": int, "size": int}; return True or False."""
     return None  # your code
 
 check("05.3", overlaps)
@@ -234,6 +235,7 @@ check("05.3", overlaps)
 
 # %%
 def late_dispatches(events):
+    """events: a list of dicts, each with a "type" and a "name"; return a list of dispatch names (str)."""
     return None  # your code
 
 check("05.4", late_dispatches)

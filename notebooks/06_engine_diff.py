@@ -121,7 +121,7 @@ print((work / "rules.json").read_text()[:300])
 # `compare` runs our reference on the same ids, captures exactly the ops the engine dumped,
 # reconciles layouts (here: the missing batch dimension) and computes, per op, the cosine
 # similarity (`cosine`: 1 when the two tensors point the same way), the normalised mean
-# squared error (`nmse`: error energy / signal energy) and the largest absolute error
+# squared error (`nmse`: the mean squared error divided by the reference's variance) and the largest absolute error
 # (`max_abs`). `#` is the op's position in the program. `local nmse` is measured only where
 # the engine also dumped the op's inputs: our op applied to *the engine's own inputs*,
 # compared with the engine's output — that error is the op's own, not inherited from
@@ -151,6 +151,15 @@ print("first divergence:", fd.op, "| its inputs:", report.first_divergence_dict(
 
 # %%
 plots.error_curve(report)
+
+# %% [markdown]
+# The same numbers in text: each layer's activation, against the default limit.
+
+# %%
+print("default limit: NMSE <= 0.01")
+for o in report.ops:
+    if o.op.endswith("mlp.act"):
+        print(f"{o.op:18} NMSE {o.nmse:.2e}")
 
 # %% [markdown]
 # The `DiffView` widget is the same curve with controls: pick the metrics, pick an op to see
@@ -271,10 +280,12 @@ check("06.2", answer)
 
 # %% [markdown]
 # **3. Implement it.** The diff's NMSE (normalised mean squared error) between a reference
-# tensor and an engine's. `check` runs it on a few ops' values against the diff's own numbers.
+# tensor and an engine's, as defined under "The diff" above. `check` runs it on a few ops'
+# values against the diff's own numbers.
 
 # %%
 def nmse(ref, got):
+    """ref, got: numpy float32 arrays of the same shape (one op's values); return a float."""
     return None  # your code
 
 check("06.3", nmse)
@@ -284,6 +295,7 @@ check("06.3", nmse)
 
 # %%
 def cosine(ref, got):
+    """ref, got: numpy float32 arrays of the same shape (one op's values); return a float."""
     return None  # your code
 
 check("06.4", cosine)

@@ -251,7 +251,9 @@ print(f"{n} tokens: with cache {with_cache:.2f} s, without {without:.2f} s")
 from workbench.exercises import check, solution
 
 # %% [markdown]
-# **1.** Generate 40 tokens from the same prompt. How many positions does the
+# **1.** Generate 40 tokens from the same prompt, going on past `<eos>`
+# (`workbench.generate(model, prompt, max_tokens=40, past_eos=True)`: without `past_eos=True`
+# generation stops at `<eos>`, after 6 forwards). How many positions does the
 # *full-attention* layer's cache, `layers.3.self_attn.k_cache`, hold in forward 30
 # (`g.traces[30]`, the forward that produces generated token 30)?
 
@@ -273,6 +275,7 @@ check("08.2", answer)
 
 # %%
 def rope_offsets(prompt_len, forwards):
+    """prompt_len, forwards: ints; return a list of ints, one per forward."""
     return None  # your code
 
 check("08.3", rope_offsets)
@@ -284,6 +287,7 @@ check("08.3", rope_offsets)
 
 # %%
 def greedy(logits):
+    """logits: a numpy float array of shape [positions, vocab]; return a token id (an int)."""
     return None  # your code
 
 check("08.4", greedy)

@@ -221,6 +221,7 @@ check("09.2", answer)
 
 # %%
 def layer_of(name):
+    """name: a step name (str); return an int, or None."""
     return None  # your code
 
 check("09.3", layer_of)
@@ -231,6 +232,7 @@ check("09.3", layer_of)
 
 # %%
 def largest(absmax):
+    """absmax: a dict step name (str) -> float; return one step name."""
     return None  # your code
 
 check("09.4", largest)

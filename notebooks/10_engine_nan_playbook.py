@@ -381,6 +381,7 @@ check("10.3", answer)
 
 # %%
 def nan_rows(x):
+    """x: a numpy float array [tokens, channels]; return a list of [first, last] pairs of ints."""
     return None  # your code
 
 check("10.4", nan_rows)
@@ -392,6 +393,7 @@ check("10.4", nan_rows)
 
 # %%
 def first_nan_op(names, values):
+    """names: a list of op names (str) in order; values: a dict name -> numpy array; return one name."""
     return None  # your code
 
 check("10.5", first_nan_op)
@@ -412,7 +414,7 @@ check("10.5", first_nan_op)
 #   the bytes. A kernel's output must never land on bytes one of its inputs occupies
 #   (unless it is element-wise and declared in-place), and a value must not be overwritten
 #   before its last reader.
-# * A hazard can give exact numbers on one input (exercise 1): fix it anyway.
+# * A schedule the hazard check flags is wrong, whatever one input's diff says: fix it.
 #
 # Back to notebook 05 for the aliasing kinds in depth, or 06 for diffing finite-but-wrong
 # engines (activation functions, RoPE, masks).

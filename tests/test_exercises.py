@@ -225,3 +225,55 @@ def test_every_exercise_is_checked_two_implemented(nn):
     heading = src.index("## Exercises")
     end = min([src.index(m, heading) for m in ("What to remember", "## Next") if m in src[heading:]] or [len(src)])
     assert all(heading < src.index(f'check("{e}"') < end for e in mine)
+
+
+STUB_LINE = "your function returns nothing yet: write its body, then run the cell again"
+
+
+def _ellipsis_stub(*a):
+    ...
+
+
+@pytest.mark.parametrize("eid", sorted(e for e, ex in EXERCISES.items() if ex.kind == "implement"))
+def test_an_unwritten_function_gets_nothing_yet_and_no_rule(eid):
+    """A stub (``return None`` or a body of ``...``) gets one line, whatever the checker does
+    with its output: no "partly right", no TypeError about NoneType, no rule stated."""
+    for stub in (lambda *a: None, _ellipsis_stub):
+        assert feedback(eid, stub).message == STUB_LINE, eid
+
+
+@pytest.mark.parametrize("nn", sorted(SOURCES))
+def test_saved_stub_outputs_say_nothing_yet(nn):
+    nb = json.loads(SOURCES[nn].with_suffix(".ipynb").read_text())
+    for c in nb["cells"]:
+        m = CHECK_CALL.search("".join(c["source"]))
+        if c["cell_type"] != "code" or not m or EXERCISES[m.group(1)].kind != "implement":
+            continue
+        text = "".join("".join(o.get("text", "")) for o in c.get("outputs", []))
+        assert text.strip() == STUB_LINE, (m.group(1), text)
+
+
+def test_an_exception_message_is_never_cut_short():
+    long = "x" * 500 + " the end names the type: NoneType"
+    def raises(*a):
+        raise TypeError(long)
+    assert long in feedback("01.4", raises).message
+
+
+def test_nmse_is_defined_as_the_checker_judges_it():
+    source = SOURCES["06"].read_text()
+    assert "energy" not in source and "divided by the reference's variance" in " ".join(source.split())
+    first_hint = feedback("06.3", lambda ref, got: 12345.0).message
+    assert "variance" not in first_hint and "mean square" not in first_hint
+
+
+def test_a_wrong_gate_activation_is_named_as_such():
+    msg = feedback("03.4", lambda gate, up: np.maximum(gate, 0) * up).message
+    assert "activation is wrong" in msg and "GELU" in msg
+
+
+def test_a_token_without_its_leading_space_counts_and_says_so():
+    right = EXERCISES["01.1"].expected()
+    v = feedback("01.1", right.strip())
+    assert v.ok and "leading space" in v.message and right.strip() not in v.message
+    assert feedback("01.1", right).message == "right"

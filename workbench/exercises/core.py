@@ -33,6 +33,7 @@ class Verdict:
 
 
 RIGHT = Verdict(True, "right")
+NOTHING_YET = Verdict(False, "your function returns nothing yet: write its body, then run the cell again")
 
 
 def wrong(hint: str) -> Verdict:
@@ -71,13 +72,21 @@ class Exercise:
             return wrong(f"pass your function itself ({self.form}), without calling it")
         args, want = self.case()
         fresh = [np.array(a, copy=True) if isinstance(a, np.ndarray) else a for a in args]
+        returned = []
+
+        def learner(*a, **k):   # the learner's function, recording what each call returns
+            out = fn(*a, **k)
+            returned.append(out is None)
+            return out
         try:
             with np.errstate(all="ignore"):   # the cases feed NaN and inf on purpose: no warnings on the page
-                got = self.call(fn, *fresh) if self.call else fn(*fresh)
+                got = self.call(learner, *fresh) if self.call else learner(*fresh)
         except Exception as e:
-            return wrong(f"your function raised {type(e).__name__}: {str(e)[:200]}")
-        if got is None:
-            return Verdict(False, "your function returns nothing yet: write its body, then run the cell again")
+            if returned and all(returned):   # a stub: every call returned None, then the checker tripped on it
+                return NOTHING_YET
+            return wrong(f"your function raised {type(e).__name__}: {e}")   # the whole message: it names the type
+        if got is None or (returned and all(returned)):
+            return NOTHING_YET
         try:
             return self.judge(got, want, args)
         except Exception:

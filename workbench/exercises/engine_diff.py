@@ -100,12 +100,12 @@ tight.first_divergence.op
 # its departure is far beyond the noise"""),
     Exercise(
         "06.3", "implement", "a function nmse(ref, got) returning a number",
-        array("ops", "the mean squared error, divided by the reference's variance",
+        array("ops", "reread the definition of nmse under \"The diff\": what is averaged, and what is it divided by?",
               mistakes=[(_each(lambda r, e: ((e - r) ** 2).mean() / (r ** 2).mean()),
                          "that divides by the reference's mean square (its power); NMSE divides by its variance, the spread around its mean"),
                         (_each(lambda r, e: ((e - r) ** 2).mean() / e.var()),
                          "normalise by the *reference's* variance, not the engine's"),
-                        (_each(lambda r, e: ((e - r) ** 2).mean()), "now normalise: divide by the reference's variance")],
+                        (_each(lambda r, e: ((e - r) ** 2).mean()), "that is the error before it is normalised: the definition under \"The diff\" says what to divide by")],
               rtol=1e-3, atol=1e-12),
         case=lambda: _metric_case("nmse"), call=lambda fn, pairs: [float(fn(r, e)) for r, e in pairs],
         solution="""def nmse(ref, got):

@@ -96,7 +96,9 @@ max(absmax, key=absmax.get)
     Exercise(
         "03.4", "implement", "a function mlp_act(gate, up) returning an array shaped like gate",
         array("tokens", "Gemma's MLP is gated: an activation of the gate, times up",
-              mistakes=[(lambda g, u: _silu(g) * u, "that is SiLU (Llama's gate); Gemma uses GELU in its tanh approximation"),
+              mistakes=[(lambda g, u: np.maximum(g, 0) * u,
+                         "gated the right way, but the activation is wrong: that is ReLU; Gemma uses GELU, in its tanh approximation"),
+                        (lambda g, u: _silu(g) * u, "that is SiLU (Llama's gate); Gemma uses GELU in its tanh approximation"),
                         (lambda g, u: gelu_tanh(u) * g, "gate and up are swapped: the activation goes on the gate"),
                         (lambda g, u: gelu_tanh(g), "the activation is right; now multiply by up"),
                         (lambda g, u: _gelu_erf(g) * u, "close: that is the exact (erf) GELU; Gemma uses the tanh approximation")],
@@ -104,7 +106,8 @@ max(absmax, key=absmax.get)
         case=_mlp_case,
         solution="""def mlp_act(gate, up):
     gelu = 0.5 * gate * (1 + np.tanh(np.sqrt(2 / np.pi) * (gate + 0.044715 * gate ** 3)))
-    return gelu * up"""),
+    return gelu * up""",
+        giveaways=("0.044715", "gelu(g) * u")),
     Exercise(
         "03.5", "implement", "a function attend(p, v) returning the context, [tokens, heads x head_dim]",
         array("tokens", "each head's context is its weights times its values, [T, T] @ [T, head_dim]; then the heads side by side",

@@ -84,7 +84,8 @@ f16.op, f16.cause
                         (lambda e, a: e * 10, "only token 3's RMS is NaN: the other tokens are normed on their own")]),
         expected=lambda: _nan_count(float("nan")),
         solution="""t.stats("layers.1.input_layernorm")["nan"]
-# one token's whole vector (the model's width): that token's RMS is NaN and every channel is divided by it"""),
+# one token's whole vector (the model's width): that token's RMS is NaN and every channel is divided by it""",
+        giveaways=(f"{'layers.1.input_layernorm':28s} ", "makes that token's whole vector NaN")),
     Exercise(
         "04.3", "predict", "a number",
         value("the RMS of a vector holding inf is inf: what is inf / inf, and what is 2.5 / inf?",

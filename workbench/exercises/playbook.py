@@ -129,7 +129,8 @@ register(
         solution="""q_run = emu.run(plan.place("layers.0.self_attn.scores", like="layers.0.self_attn.q_rope"))
 q_run.exact, [hz.kind for hz in q_run.hazards]
 # bit-exact on this input, and still a hazard: from 33 tokens on the scores outrun the
-# queries and the logits go NaN. A clean diff on one input does not prove a clean schedule."""),
+# queries and the logits go NaN. A clean diff on one input does not prove a clean schedule.""",
+        giveaways=("exact numbers on one input",)),
     Exercise(
         "10.2", "predict", '(first NaN token, last NaN token, pattern, hazard kind), e.g. (0, 3, "everywhere", "raw")',
         fields(("first NaN token", "last NaN token", "pattern", "hazard kind"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from workbench.exercises import fixtures as fx
-from workbench.exercises.core import Exercise, array, fields, ordered, register, value
+from workbench.exercises.core import Exercise, Verdict, array, fields, ordered, register, value
 
 
 def _next_token(prompt: str) -> str:
@@ -27,12 +27,23 @@ def _logits_case():
     return (logits, 3), [int(i) for i in np.argsort(-logits)[:3]]
 
 
+
+def _spaced(judge):
+    """A token judge that counts the right word written without its leading space, and says so."""
+    def j(answer, expected, args):
+        v = judge(answer, expected, args)
+        if v.ok and isinstance(answer, str) and answer != expected and answer.strip() == expected.strip():
+            return Verdict(True, "right word (counted); but the token itself starts with a space, "
+                                 "as the prompt's words do: write it with its leading space")
+        return v
+    return j
+
 register(
     Exercise(
         "01.1", "predict", 'a token with its leading space, e.g. " apple"',
-        value("the copy task repeats the list: which word followed 'river' the first time?",
-              mistakes=[(" river", "that is the last word of the prompt: the model continues the list, it does not repeat the last word"),
-                        (" apple", "that is where the list starts again: what came after 'river' in the first half?")]),
+        _spaced(value("the copy task repeats the list: which word followed 'river' the first time?",
+                      mistakes=[(" river", "that is the last word of the prompt: the model continues the list, it does not repeat the last word"),
+                                (" apple", "that is where the list starts again: what came after 'river' in the first half?")])),
         expected=lambda: _next_token("apple river stone cloud tree | apple river"),
         solution="""t1 = workbench.trace(model, "apple river stone cloud tree | apple river")
 t1.run()
