@@ -323,8 +323,9 @@ from workbench.exercises import check, solution
 
 # %% [markdown]
 # **1.** Mean ablation replaces both induction heads' outputs with their average over 100
-# held-out demo prompts (`corpus.heldout(50)`: 50 per task) instead of zero. Will p(' cloud')
-# be **higher** or **lower** than with zero ablation (0.99 above)?
+# held-out demo prompts (`corpus.heldout(50)` gives 50 examples per task; `C.ablate` takes
+# their `.prompt` strings as `reference=`) instead of zero. Will p(' cloud') be **higher** or
+# **lower** than with zero ablation (0.99 above)?
 
 # %%
 answer = None  # your prediction: "higher" or "lower"
@@ -332,7 +333,9 @@ check("03.1", answer)
 
 # %% [markdown]
 # **2.** Which op of layer 1 (a name starting with `layers.1.`) has the largest `absmax`
-# on our prompt? Hint: think about which outputs are not normalised.
+# on our prompt? (`tr.stats(name)["absmax"]`: the largest finite |value| of the op's output;
+# attention scores' masked entries are not counted.) Hint: think about which outputs are not
+# normalised.
 
 # %%
 answer = None  # your prediction: an op name, e.g. "layers.1.self_attn.q_proj"
