@@ -18,6 +18,9 @@ depth / vocabulary at real widths.  For each prompt length, interleaved in one r
   values fit in half the memory available; the attention the model defaults to, fused;
   ``--attention explicit`` adds a stats trace with explicit attention);
 * a float16 ``hunt`` vs a float16 stats trace (issue 11.4: hunt <= 2x the stats trace);
+* ``trace-stats-pruned``: a stats trace with ``logits="last", prune=True`` (Gemma 4 with
+  KV-shared layers: those layers at the last position only, the work the chunked prefill
+  does); its last logits against the stats trace's in ``last_position.pruned_vs_trace``;
 
 * mlx-lm's chunked prefill (``--prefill-chunk``, default 2048; 0: off): the prompt through
   its KV cache (``make_prompt_cache``) in chunks, each chunk's cache evaluated and MLX's cache
@@ -261,6 +264,14 @@ def bench_tokens(model, ref, ref_name: str, tokens: int, reps: int, clock, atten
     variants.update({"trace-none": traced(None), "trace-stats": traced("stats")})
     if attn_math.window_blocks(tokens, tokens, 1) and any(op.attrs.get("window") for op in model.program.ops):
         variants["trace-stats-one-call-windows"] = one_call_windows(traced("stats"))
+    if prunable(model):  # layers writing no cache at the last position only, as the chunked prefill runs them
+        pruned = traced("stats", logits="last", prune=True)()
+        last["pruned_vs_trace"] = float(mx.abs(pruned.logits.reshape(-1, pruned.logits.shape[-1])[-1].astype(mx.float32)
+                                               - got.reshape(-1, got.shape[-1])[-1].astype(mx.float32)).max())
+        last["pruned"] = pruned.pruned.describe()
+        log(f"{tokens} tokens, pruned: {last['pruned']}, last logits vs the stats trace {last['pruned_vs_trace']:.3g}")
+        del pruned
+        variants["trace-stats-pruned"] = traced("stats", logits="last", prune=True)
     if run_full:
         variants["trace-full"] = traced("full")
     if attention == "explicit":
@@ -281,6 +292,14 @@ def bench_tokens(model, ref, ref_name: str, tokens: int, reps: int, clock, atten
             "hunt_ops_checked": hunt_ops[0], "notes": notes, "last_position": last,
             "stats_kernel": stats_kernel(model, ids, reps) if run_full and stats.on_cuda() else None,
             "times": {k: {"median_s": v[0], "min_s": v[1], "tokens_per_s": tokens / v[0]} for k, v in med.items()}}
+
+
+def prunable(model) -> bool:
+    """Whether ``trace(..., prune=True)`` leaves anything out on ``model`` (Gemma 4's KV-shared layers)."""
+    try:
+        return any(op.kind == "rows" for op in model.program_for(None, prune=True).ops)
+    except ValueError:
+        return False
 
 
 def profile(model, tokens: int, top: int = 10) -> dict:
@@ -478,7 +497,7 @@ def report(r: dict) -> None:
                     tgt = ""
                     if b == ref and k in TARGETS:
                         tgt = f" (target <= {TARGETS[k]:.2f}x)"
-                    elif b == chunked and k == "trace-stats":
+                    elif b == chunked and k in ("trace-stats", "trace-stats-pruned"):
                         tgt = " (issue 28: <= 1.25x at 32k)"
                     parts.append(f"{v['median_s'] / times[b]['median_s']:6.2f}x {b}{tgt}")
                 ratio = "; ".join(parts)

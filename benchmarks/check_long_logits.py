@@ -1,7 +1,8 @@
 """Is a long trace right?  The last position's logits of a long prompt three ways, on a random
 Gemma 4 checkpoint in float32 with TF32 off (``MLX_ENABLE_TF32=0``, set here before MLX loads):
-the trace (window blocks on, its default), mlx-lm's one-call forward (its head on the last
-row only, :func:`bench_real.one_call_last`) and mlx-lm's chunked prefill (its generate path).
+the trace (window blocks on, its default), the trace with ``prune=True`` (where the model has
+KV-shared layers), mlx-lm's one-call forward (its head on the last row only,
+:func:`bench_real.one_call_last`) and mlx-lm's chunked prefill (its generate path).
 
 In bfloat16 a random 35-layer model turns any difference in the last bits (another kernel,
 another summation order) into logits apart by about their own size, so bfloat16 can say
@@ -50,6 +51,11 @@ def main(argv=None) -> int:
         tr.run()
         got = {"trace": tr.logits.reshape(-1, tr.logits.shape[-1])[-1].astype(mx.float32)}
         del tr
+        if br.prunable(model):  # KV-shared layers at the last position only (trace(..., prune=True))
+            tr = workbench.trace(model, ids[0], capture=None, logits="last", prune=True)
+            tr.run()
+            got["pruned"] = tr.logits.reshape(-1, tr.logits.shape[-1])[-1].astype(mx.float32)
+            del tr
         row = {"tokens": T}
         for name, f in (("one_call", lambda: br.one_call_last(ref, ids)),
                         ("chunked", lambda: br.chunked_prefill(ref, ids, a.prefill_chunk))):
@@ -60,7 +66,8 @@ def main(argv=None) -> int:
             mx.clear_cache()
         scale = float(mx.abs(got["trace"]).max())
         row.update(absmax=scale, argmax={k: int(mx.argmax(v).item()) for k, v in got.items()})
-        for x, y in (("trace", "one_call"), ("trace", "chunked"), ("chunked", "one_call")):
+        for x, y in (("trace", "one_call"), ("trace", "chunked"), ("chunked", "one_call"), ("pruned", "trace"),
+                     ("pruned", "one_call"), ("pruned", "chunked")):
             if x not in got or y not in got:
                 continue
             d = float(mx.abs(got[x] - got[y]).max())

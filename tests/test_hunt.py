@@ -66,7 +66,8 @@ def test_planted_fp16_overflow_found_with_cause(ckpts):
     for dt in ("float32", "bfloat16"):
         r32 = workbench.trace.hunt(m, IDS, dtype=dt)
         assert r32.report == {"first_nonfinite": None, "ops_checked": len(m.program),
-                              "logits": {"positions": "all", "of": len(IDS), "note": None}}
+                              "logits": {"positions": "all", "of": len(IDS), "note": None},
+                             "pruned": None}
 
 
 def test_planted_nan_weight_found_with_cause(ckpts):
@@ -99,7 +100,7 @@ def test_cli_json_and_exit_codes(ckpts, capsys):
     rc, out, _ = run_cli("hunt", str(ckpts["overflow"]), "--ids", IDS_ARG, "--dtype", "float16", "--json",
                          capsys=capsys)
     d = json.loads(out)
-    assert rc == 1 and set(d) == {"first_nonfinite", "ops_checked", "logits"}
+    assert rc == 1 and set(d) == {"first_nonfinite", "ops_checked", "logits", "pruned"}
     f = d["first_nonfinite"]
     assert {"op", "layer", "cause", "nan", "posinf", "neginf"} <= set(f)
     assert (f["op"], f["cause"]) == ("layers.1.mlp.act", "overflow")
@@ -108,7 +109,7 @@ def test_cli_json_and_exit_codes(ckpts, capsys):
                          capsys=capsys)
     d = json.loads(out)
     assert rc == 0 and d["first_nonfinite"] is None and d["ops_checked"] == 179  # fused attention: 1 op a layer
-    assert set(d) == {"first_nonfinite", "ops_checked", "logits"} and d["logits"]["positions"] == "all"
+    assert set(d) == {"first_nonfinite", "ops_checked", "logits", "pruned"} and d["logits"]["positions"] == "all"
 
     rc, out, _ = run_cli("hunt", str(ckpts["nan_weight"]), "--prompt", "the cat sat on the mat", capsys=capsys)
     assert rc == 1 and "nonfinite-weight" in out and "layers.2.mlp.down_proj" in out

@@ -104,7 +104,7 @@ def load_model(path, dtype=None, granularity="auto", library=None, attention="fu
     check_checkpoint(ck)  # config read (the family's KEYS and read) and every tensor shape checked
     cfg = ck.arch.spec  # the family's Config
     names = list(ck.lm_names())
-    programs = Programs(lambda explicit, queries: mod.build(cfg, Builder(ck, names, explicit, queries)),
+    programs = Programs(lambda explicit, queries, prune: mod.build(cfg, Builder(ck, names, explicit, queries, prune)),
                         cfg.num_hidden_layers)
     program = programs.get(attention)
     tok = None
@@ -120,6 +120,7 @@ def load_model(path, dtype=None, granularity="auto", library=None, attention="fu
         model = StreamedModel(mod.FAMILY, cfg, text_config, ck, program, names, memory_budget=memory_budget,
                               progress=progress, **where)
     model.programs = programs
+    model.attention = attention  # (load's choice: program_for(None, prune=True) keeps it)
     dt = parse_dtype(dtype)
     if dt is not None:
         model.default_dtype = dt

@@ -80,17 +80,18 @@ def explicit_layers(attention, num_layers: int) -> frozenset[int]:
 class Programs:
     """One model's op programs, one per attention choice, built on first use and kept.
 
-    ``build(explicit, queries)`` builds the program with attention explicit in those layers
-    (for the query positions ``queries``, or all of them when None)."""
+    ``build(explicit, queries, prune)`` builds the program with attention explicit in those
+    layers (for the query positions ``queries``, or all of them when None); ``prune``: with
+    the family's ``live_rows`` op (workbench.models.builder.Builder.live_rows)."""
 
-    def __init__(self, build: Callable[[frozenset, tuple | None], Program], num_layers: int):
+    def __init__(self, build: Callable[[frozenset, tuple | None, bool], Program], num_layers: int):
         self._build = build
         self.num_layers = num_layers
         self._built: dict[tuple, Program] = {}
 
-    def get(self, attention) -> Program:
+    def get(self, attention, prune: bool = False) -> Program:
         explicit, queries = attention_spec(attention, self.num_layers)
-        key = (explicit, queries if explicit else None)
+        key = (explicit, queries if explicit else None, bool(prune))
         program = self._built.get(key)
         if program is None:
             program = self._built[key] = self._build(*key)

@@ -54,14 +54,19 @@ class Builder:
     """Appends named ops; every helper returns the name of the op it emitted."""
 
     def __init__(self, ck, tensor_names: Iterable[str], explicit: Container[int] = (),
-                 queries: tuple[int, int] | None = None):
+                 queries: tuple[int, int] | None = None, prune: bool = False):
         """``explicit``: the layers whose attention is emitted as explicit scores / softmax /
         context steps (:meth:`attention`); every other layer's is one fused op.  ``queries``:
-        ``(start, stop)`` query positions the explicit steps cover (None: every query)."""
+        ``(start, stop)`` query positions the explicit steps cover (None: every query).
+        ``prune``: the family emits :meth:`live_rows` where its stream stops feeding any
+        other position (Gemma 4's first KV-shared layer); from there on rows are a suffix."""
         self.ck = ck
         self.names = set(tensor_names)
         self.explicit = explicit
         self.queries = queries
+        self.prune = prune
+        #: True once :meth:`live_rows` ran: the stream's rows are the last ones of the forward
+        self.tail = False
         self.ops: list[Op] = []
 
     # -- generic
@@ -176,18 +181,37 @@ class Builder:
 
     def rope(self, name: str, x: str, rope: dict, **attrs) -> str:
         """Rotary embedding of [B, H, T, D] at positions ``rope_offset[b] + t``; ``rope``:
-        the arguments from :func:`workbench.models.rope.rope_params`."""
+        the arguments from :func:`workbench.models.rope.rope_params`.  After :meth:`live_rows`
+        the rows are the forward's last ones: the op also reads ``input_ids`` and shifts the
+        positions by the rows left out (``T - rows``)."""
         dims, base, scale, freqs, trad = rope["dims"], rope["base"], rope["scale"], rope["freqs"], rope["traditional"]
 
         mscale = rope.get("mscale", 1.0)
 
-        def fn(ctx, x, offset):
+        def fn(ctx, x, offset, ids=None):
             if mscale != 1.0:
                 x = x * mscale
+            if ids is not None and ids.shape[1] != x.shape[2]:
+                offset = offset + (ids.shape[1] - x.shape[2])
             return mx.fast.rope(x, dims, traditional=trad, base=base, scale=scale,
                                 offset=offset, freqs=freqs)
-        return self.op(name, "rope", fn, [x, "rope_offset"], rope_type=rope["type"], dims=dims,
+        inputs = [x, "rope_offset"] + (["input_ids"] if self.tail else [])
+        return self.op(name, "rope", fn, inputs, rope_type=rope["type"], dims=dims,
                        base=base, rope_scale=scale, traditional=trad, **attrs)
+
+    def live_rows(self, name: str, x: str, **attrs) -> str:
+        """The stream [B, T, D] from the first position the context asks the head for on
+        (``ctx.logit_rows``; every row when it asks for all): the ops after it compute those
+        rows only.  Emitted (``prune``) where no later op reads another position of the
+        stream -- Gemma 4's KV-shared layers write no cache, so their other rows reach no
+        output -- as llama.cpp drops unread rows before its last layer and mlx-lm's chunked
+        prefill skips those layers.  The values of the kept rows are the same; statistics of
+        the later ops cover the kept positions only (``Trace.positions``)."""
+        def fn(ctx, x):
+            start = live_start(ctx)
+            return x[:, start:] if start else x
+        self.tail = True
+        return self.op(name, "rows", fn, [x], **attrs)
 
     def kv_cache(self, name: str, x: str, which: str, layer: int) -> str:
         """Append this chunk's keys/values ([B, Hkv, T, D]) to the cache; return all of them."""
@@ -268,6 +292,8 @@ class Builder:
         """Scaled, masked attention scores [B, H, T, S] (masked entries hold the dtype's
         lowest finite value, so they are finite and vanish in the softmax)."""
         def fn(ctx, q, k, mask):
+            if mask.ndim >= 2 and mask.shape[-2] > q.shape[2]:  # after live_rows: the last rows' mask
+                mask = mask[..., mask.shape[-2] - q.shape[2]:, :]
             return attention_scores(q, k, mask, scale)
         return self.op(name, "scores", fn, [q, k, mask], scale=scale, num_heads=n_heads,
                        num_kv_heads=n_kv_heads, mask=mask, **attrs)
@@ -326,6 +352,15 @@ class Builder:
 
     def identity(self, name: str, x: str, kind: str = "output", **attrs) -> str:
         return self.op(name, kind, lambda ctx, x: x, [x], **attrs)
+
+
+def live_start(ctx) -> int:
+    """The first position :meth:`Builder.live_rows` keeps: the first the head computes (0:
+    every one, or no ``ctx.logit_rows``)."""
+    rows = getattr(ctx, "logit_rows", None)
+    if rows is None or rows.all or not len(rows):
+        return 0
+    return int(rows.positions[0])
 
 
 def _rows_only(fn):

@@ -426,11 +426,19 @@ def per_layer_input(b: Builder, cfg: Config, i: int, x: str, per_layer_inputs: s
     L = f"layers.{i}"
     g = b.linear(f"{L}.per_layer_input_gate", x)
     g = b.op(f"{L}.per_layer_input_act", "glu",
-             lambda ctx, g, inputs: mx.multiply(nn.gelu_approx(g), inputs[:, :, i, :]), [g, per_layer_inputs],
+             lambda ctx, g, inputs: mx.multiply(nn.gelu_approx(g), last_rows(inputs, g)[:, :, i, :]),
+             [g, per_layer_inputs],
              activation="gelu_approx")
     g = b.linear(f"{L}.per_layer_projection", g)
     g = b.rmsnorm(f"{L}.post_per_layer_input_norm", g, cfg.rms_norm_eps)
     return b.add(f"{L}.per_layer_residual", x, g)
+
+
+def last_rows(inputs, x):
+    """The per-layer inputs [B, T, L, P] at the rows of ``x`` [B, T', ...]: its last T' (after
+    ``live_rows`` the stream holds the forward's last positions only; else all of them)."""
+    T, rows = inputs.shape[1], x.shape[1]
+    return inputs if rows == T else inputs[:, T - rows:]
 
 
 def layer(b: Builder, cfg: Config, i: int, x: str, per_layer_inputs: str | None, rope: dict) -> str:
@@ -454,6 +462,8 @@ def build(cfg: Config, b: Builder):
             rope[kind] = rope_params(cfg.head_dims[cfg.layer_types.index(kind)], p)
     x, per_layer_inputs = embed(b, cfg)
     for i in range(cfg.num_hidden_layers):
+        if b.prune and i == cfg.first_kv_shared:  # KV-shared layers write no cache: their other rows reach nothing
+            x = b.live_rows(f"layers.{i}.live_rows", x)
         x = layer(b, cfg, i, x, per_layer_inputs, rope)
     x = b.rmsnorm("norm", x, cfg.rms_norm_eps)
     x = b.lm_head(x, tie=cfg.tie_word_embeddings)

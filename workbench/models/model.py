@@ -151,6 +151,8 @@ class Model(TextCodec):
 
     #: the programs per attention choice (workbench.models.attention.Programs; set by load)
     programs = None
+    #: load's attention choice (what ``self.program`` was built with)
+    attention = None
     #: each step of a trace is one op of the program (a ReferenceModel's: "module")
     granularity = "op"
 
@@ -204,14 +206,17 @@ class Model(TextCodec):
         uniform = dtype is not None or self.default_dtype != self.dtype
         return Context(dtype=dt, weights=self.weights(dt), cache=cache, model=self, uniform=uniform)
 
-    def program_for(self, attention=None) -> Program:
+    def program_for(self, attention=None, prune: bool = False) -> Program:
         """The op program with attention as asked ("fused", "explicit" or layers; None:
-        ``self.program``, load's choice), built once per choice and kept."""
-        if attention is None:
+        ``self.program``, load's choice), built once per choice and kept.  ``prune``: the
+        program with the family's ``live_rows`` op (``trace(..., prune=True)``)."""
+        if attention is None and not prune:
             return self.program
         if self.programs is None:
             raise ValueError("this model was not built by workbench.load: no attention choice")
-        return self.programs.get(attention)
+        if attention is None:  # load's choice, pruned
+            attention = getattr(self, "attention", None) or "fused"
+        return self.programs.get(attention, prune)
 
     def make_cache(self) -> KVCache:
         return KVCache(self.num_layers)

@@ -257,8 +257,8 @@ class StreamedModel(Model):
             out = self._by_rows[id(program)] = (program, Program(ops, program.inputs))
         return out[1]
 
-    def program_for(self, attention=None) -> Program:
-        return self.rows_program(super().program_for(attention))
+    def program_for(self, attention=None, prune: bool = False) -> Program:
+        return self.rows_program(super().program_for(attention, prune))
 
     def check_budget(self, program=None, dtype=None) -> Segment:
         """The largest segment; a ValueError naming it when it does not fit the budget."""

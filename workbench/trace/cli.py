@@ -54,6 +54,10 @@ def add_arguments(p):
     p.add_argument("--logits", default=None, metavar="all|last|START:STOP|P,P,...",
                    help="the positions whose logits the head computes (default: all unless they would pass the "
                         "logits budget, WORKBENCH_LOGITS_BUDGET, then last)")
+    p.add_argument("--prune", action="store_true",
+                   help="compute layers whose rows reach no other position (Gemma 4's KV-shared layers) from the "
+                        "first logit position on only, as mlx-lm's chunked prefill does: a long prompt's hunt "
+                        "at about its speed (with --logits last); those ops' statistics cover the kept positions")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -123,6 +127,8 @@ def run(args) -> int:
         budget = None if args.memory_budget is None else parse_bytes(args.memory_budget, "--memory-budget")
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if args.crash and args.prune:
+        raise UsageError("--prune: the crash hunt steps every op on every row (give one of --crash, --prune)")
     if args.crash:
         return run_crash(args, budget)
     if args.timeout is not None:
@@ -138,6 +144,8 @@ def run(args) -> int:
             raise UsageError(str(e)) from None
     if args.logits is not None:
         kw["logits"] = parse_logits(args.logits)
+    if args.prune:
+        kw["prune"] = True
     try:
         result = hunt(model, ids, dtype=args.dtype, **kw)
     except (ValueError, KeyError, TraceError) as e:
@@ -152,6 +160,8 @@ def run(args) -> int:
     f = result.finding
     if t.logit_rows is not None and not t.logit_rows.all:
         _print(f"logits: {t.logit_rows.describe()}" + (f" ({t.logits_note})" if t.logits_note else ""))
+    if t.pruned is not None:
+        _print(f"pruned: {t.pruned.describe()}")
     if f is None:
         _print(f"clean: no NaN or Inf in any of {report['ops_checked']} ops ({dt}, {len(ids)} tokens)")
         print_headroom(t.headroom(args.top))

@@ -9,6 +9,7 @@ import numpy as np
 
 from workbench import device_memory
 from workbench.dtypes import dtype_name, parse_dtype
+from workbench.trace.logits import Pruned
 from workbench.trace.logits import resolve as resolve_logits
 from workbench.trace.step import TraceError
 from workbench.trace.store import ValueStore
@@ -159,7 +160,8 @@ MEDIA_KEYWORDS = ("images", "audio")  # what only a module-level model takes (wo
 def trace(model, ids_or_text, capture="stats", dtype=None, breakpoints=None, interventions=None, *,
           cache=None, attention_mask=None, pad_id: int | None = None, memory_budget: int | None = None,
           spill_dir: str | None = None, flush_bytes: int = 512 * 2**20, store: ValueStore | None = None,
-          key_prefix: str = "", attention=None, check_ids: bool = True, logits=None, **extra) -> Trace:
+          key_prefix: str = "", attention=None, check_ids: bool = True, logits=None, prune: bool = False,
+          **extra) -> Trace:
     """A :class:`Trace` of ``model`` on text, token ids, or a batch of either.
 
     capture: ``"stats"`` (default) | ``"full"`` | [name patterns] | None.
@@ -174,6 +176,10 @@ def trace(model, ids_or_text, capture="stats", dtype=None, breakpoints=None, int
     logits: the positions the head computes: ``"all"`` | ``"last"`` | a slice | a list of
     positions | None (``"all"`` unless [B, T, vocab] would pass the logits budget, then
     ``"last"``: workbench/trace/logits.py); ``tr.logit_positions`` says which it has.
+    prune: True computes the layers whose rows reach no other position (Gemma 4's KV-shared
+    layers: they write no cache) from the first logit position on only, as mlx-lm's chunked
+    prefill and llama.cpp do: the logits are the same, those ops' statistics cover the kept
+    positions (``tr.positions(name)``; ``tr.pruned``).  A model without such layers is refused.
     """
     module = model.granularity == "module"
     unknown = [k for k in extra if k not in MEDIA_KEYWORDS]
@@ -182,6 +188,9 @@ def trace(model, ids_or_text, capture="stats", dtype=None, breakpoints=None, int
                         f"{', '.join(map(repr, unknown))} (docs/trace.md lists what it takes)")
     if attention is not None and module:
         raise TraceError("attention=: a module-level model runs its own attention modules (no scores step)")
+    if prune and module:
+        raise TraceError("prune=True: a module-level model runs its own modules on every row; "
+                         "load it with granularity='op' to prune")
     if module:  # a reference model: its module calls are the steps
         return model.module_trace(ids_or_text, capture=capture, dtype=dtype, breakpoints=breakpoints,
                                   interventions=interventions, cache=cache, attention_mask=attention_mask,
@@ -195,9 +204,11 @@ def trace(model, ids_or_text, capture="stats", dtype=None, breakpoints=None, int
     if attention_mask is not None:
         mask = attention_mask if isinstance(attention_mask, mx.array) else mx.array(attention_mask)
     dt = _parse_dtype(dtype)
-    program = model.program_for(attention) if attention is not None else model.program
+    program = model.program_for(attention, prune=True) if prune else \
+        model.program_for(attention) if attention is not None else model.program
     ctx = model.context(dt, cache=cache)
     rows = resolve_logits(logits, ids.shape[1], ids.shape[0], vocab_size(model), ctx.dtype)
+    pruned = pruned_rows(program, rows, model) if prune else None
     feeds = model.feeds(ids, attention_mask=mask, cache=cache, check_ids=check_ids)
     ctx.logit_rows = rows
     check_attention_memory(program, ids.shape[0], ids.shape[1],
@@ -217,7 +228,20 @@ def trace(model, ids_or_text, capture="stats", dtype=None, breakpoints=None, int
                store=store, key_prefix=key_prefix, model=model, batched=batched, ids=ids,
                attention_mask=mask)
     tr.logit_rows = rows
+    tr.pruned = pruned
     return tr
+
+
+def pruned_rows(program, rows, model) -> Pruned:
+    """What ``prune=True`` leaves out of ``program`` (built with its ``live_rows`` op) for
+    the logit positions ``rows``; a TraceError when the family has no such op."""
+    op = next((o.name for o in program.ops if o.kind == "rows"), None)
+    if op is None:
+        raise TraceError(f"prune=True: nothing to prune in this {getattr(model, 'family', '')} model: only layers "
+                         "that write no KV cache (Gemma 4's KV-shared layers, num_kv_shared_layers) reach no other "
+                         "position".replace("this  model", "this model"))
+    start = 0 if rows.all else int(rows.positions[0])
+    return Pruned(op, start, rows.T)
 
 
 def check_attention_memory(program, batch: int, tokens: int, keys: int, dtype, available: int | None = None) -> None:

@@ -61,6 +61,9 @@ class Finding:
     #: fused attention: the layer's scores and softmax recomputed explicitly, {step name:
     #: {nan, posinf, neginf}} (None for other ops, or when they would be too large)
     inside: dict | None = None
+    #: the op's rows are positions ``start .. stop - 1`` of the forward (``[start, stop]``,
+    #: ``trace(..., prune=True)``); None: every position (or the head's, ``logits``)
+    positions: list | None = None
 
     def to_dict(self) -> dict:
         d = {"op": self.op, "layer": self.layer, "cause": self.cause, "nan": self.nan,
@@ -70,7 +73,7 @@ class Finding:
              "float32_precision": self.float32_precision,
              "closest_before": [{"op": n, "headroom": h} for n, h in self.closest_before],
              "first_index": list(self.first_index) if self.first_index is not None else None,
-             "inside": self.inside}
+             "inside": self.inside, "positions": self.positions}
         return _stats.jsonable(d)
 
     def __repr__(self) -> str:
@@ -78,8 +81,10 @@ class Finding:
 
     def __str__(self) -> str:
         where = f"layer {self.layer}, " if self.layer is not None else ""
+        rows = f" Its rows are positions {self.positions[0]}..{self.positions[1] - 1} (pruned)." \
+            if self.positions else ""
         return (f"{self.op} ({where}{self.kind}, op {self.index}): {self.cause} — nan {self.nan}, "
-                f"+inf {self.posinf}, -inf {self.neginf} of {self.size} ({self.dtype}). {self.detail}")
+                f"+inf {self.posinf}, -inf {self.neginf} of {self.size} ({self.dtype}). {self.detail}{rows}")
 
 
 def _absmax(x: mx.array) -> float:
@@ -160,6 +165,9 @@ def diagnose(trace, step) -> Finding:
                 closest_before=closest, step=step)
 
     f.first_index = _first_bad_index(trace, op.name)
+    pruned = getattr(trace, "pruned", None)
+    if pruned is not None and pruned.start and i >= trace.program.index(pruned.op) and op.name not in ("lm_head", "logits"):
+        f.positions = [pruned.start, pruned.T]
     if op.kind == "attention":
         f.inside = _inside_attention(trace, op, step)
     bad_in = [d for d in inputs if nonfinite_count(d)]
@@ -289,12 +297,15 @@ def hunt(model, ids_or_text, dtype=None, **trace_kwargs) -> HuntResult:
 
     ``report`` is ``{"first_nonfinite": {op, layer, cause, nan, posinf, neginf, ...} | None,
     "ops_checked": int, "logits": {"positions": "all" | [int], "of": T, "note": str | None}}``
-    (the positions the head computed: ``logits=`` among ``trace_kwargs``, or the default).
+    (the positions the head computed: ``logits=`` among ``trace_kwargs``, or the default),
+    ``"pruned": {"op", "positions", "of"} | None`` (``prune=True``: the rows the ops from
+    ``op`` on computed).
     """
     t = model.trace(ids_or_text, capture="stats", dtype=dtype, **trace_kwargs)
     found = t.first_nonfinite()
+    pruned = getattr(t, "pruned", None)
     report = {"first_nonfinite": found.to_dict() if found else None, "ops_checked": t.position,
-              "logits": logits_report(t)}
+              "logits": logits_report(t), "pruned": pruned.to_json() if pruned is not None else None}
     return HuntResult(report, found, t)
 
 

@@ -97,6 +97,9 @@ class LogitRows:
             return x
         axis = x.ndim - 2
         p = self.positions
+        skip = self.T - x.shape[axis]  # rows a pruned program left out before (they come first)
+        if skip:
+            p = range(p.start - skip, p.stop - skip, p.step) if isinstance(p, range) else tuple(i - skip for i in p)
         if isinstance(p, range) and p.step == 1:
             idx = (slice(None),) * axis + (slice(p.start, p.stop),)
             return x[idx]
@@ -111,6 +114,27 @@ class LogitRows:
         if self.vocab is not None and full <= exact_elements():
             return self.select(fn(x))
         return fn(self.select(x))
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """What ``trace(..., prune=True)`` left out: from the op ``op`` (kind "rows",
+    ``layers.{k}.live_rows``) on, the stream holds positions ``start .. T - 1`` only."""
+
+    op: str
+    start: int
+    T: int
+
+    @property
+    def positions(self) -> range:
+        return range(self.start, self.T)
+
+    def describe(self) -> str:
+        """``from layers.15.live_rows on: position 8 (the last) of 9``."""
+        return f"from {self.op} on: {describe(self.positions, self.T)}"
+
+    def to_json(self) -> dict:
+        return {"op": self.op, "positions": "all" if self.start == 0 else [self.start, self.T], "of": self.T}
 
 
 def describe(positions, T: int) -> str:

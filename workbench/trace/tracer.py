@@ -632,6 +632,24 @@ class Trace:
     #: run without a model entry, whose last op gives what it gives)
     logit_rows = None
 
+    #: what ``prune=True`` left out (workbench.trace.logits.Pruned; None: nothing)
+    pruned = None
+
+    def positions(self, name: str) -> range | tuple:
+        """The token positions of this forward that op ``name``'s rows are (its token axis):
+        ``range(T)`` but for the head's ops (:attr:`logit_positions`) and, under
+        ``prune=True``, the ops from :attr:`pruned`'s on (its ``positions``)."""
+        idx = self._check_name(name)
+        rows, pruned = self.logit_rows, self.pruned
+        T = self.ids.shape[1] if self.ids is not None else (rows.T if rows is not None else None)
+        if rows is not None and "lm_head" in self.program and idx >= self.program.index("lm_head"):
+            return rows.positions
+        if pruned is not None and idx >= self.program.index(pruned.op):
+            return pruned.positions
+        if T is None:
+            raise ValueError(f"op {name!r}: this trace does not know its token count (a bare program)")
+        return range(T)
+
     @property
     def logit_positions(self) -> range | tuple | None:
         """The token positions ``.logits`` has rows for (``trace(..., logits=)``): a ``range``

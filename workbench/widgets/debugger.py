@@ -333,6 +333,8 @@ class StepDebugger(W.VBox):
         if rows is not None and s.name in _HEAD_OPS:  # the head's rows: which positions they are
             iv += (f"<br><i>rows: the logits at {html.escape(rows.describe())}"
                    + (f" ({html.escape(rows.note)})" if rows.note else "") + "</i>")
+        elif getattr(tr, "pruned", None) is not None and tr.pruned.start and tr.positions(s.name) == tr.pruned.positions:
+            iv += f"<br><i>rows: pruned, {html.escape(tr.pruned.describe())}</i>"
         self.current.value = (
             f"<b>op #{s.index}</b>: <code style='font-size:110%'><b>{html.escape(s.name)}</b></code> "
             f"({html.escape(s.kind)}{layer}){bad}<br>in {ins} → out {shape_str(s.output_shape)} {s.dtype}"
