@@ -148,7 +148,7 @@ def test_cli_hunt_prune(kv):
     assert p.returncode == 2 and "--prune" in p.stderr and "Traceback" not in p.stderr
 
 
-def test_streamed_model_prunes_too(kv, tmp_path):
+def test_streamed_model_prunes_too(kv):
     path = kv.path
     streamed = workbench.load(path, memory_budget=64 * 2**20)
     t = streamed.trace(IDS, capture="stats", logits="last", prune=True)

@@ -358,9 +358,7 @@ def live_start(ctx) -> int:
     """The first position :meth:`Builder.live_rows` keeps: the first the head computes (0:
     every one, or no ``ctx.logit_rows``)."""
     rows = getattr(ctx, "logit_rows", None)
-    if rows is None or rows.all or not len(rows):
-        return 0
-    return int(rows.positions[0])
+    return 0 if rows is None else rows.first
 
 
 def _rows_only(fn):

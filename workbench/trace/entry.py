@@ -237,11 +237,11 @@ def pruned_rows(program, rows, model) -> Pruned:
     the logit positions ``rows``; a TraceError when the family has no such op."""
     op = next((o.name for o in program.ops if o.kind == "rows"), None)
     if op is None:
-        raise TraceError(f"prune=True: nothing to prune in this {getattr(model, 'family', '')} model: only layers "
+        family = getattr(model, "family", None)
+        raise TraceError(f"prune=True: nothing to prune in this {family + ' ' if family else ''}model: only layers "
                          "that write no KV cache (Gemma 4's KV-shared layers, num_kv_shared_layers) reach no other "
-                         "position".replace("this  model", "this model"))
-    start = 0 if rows.all else int(rows.positions[0])
-    return Pruned(op, start, rows.T)
+                         "position")
+    return Pruned(op, rows.first, rows.T)
 
 
 def check_attention_memory(program, batch: int, tokens: int, keys: int, dtype, available: int | None = None) -> None:

@@ -165,9 +165,8 @@ def diagnose(trace, step) -> Finding:
                 closest_before=closest, step=step)
 
     f.first_index = _first_bad_index(trace, op.name)
-    pruned = getattr(trace, "pruned", None)
-    if pruned is not None and pruned.start and i >= trace.program.index(pruned.op) and op.name not in ("lm_head", "logits"):
-        f.positions = [pruned.start, pruned.T]
+    if getattr(trace, "pruned", None) is not None and trace.pruned_at(op.name):
+        f.positions = [trace.pruned.start, trace.pruned.T]
     if op.kind == "attention":
         f.inside = _inside_attention(trace, op, step)
     bad_in = [d for d in inputs if nonfinite_count(d)]

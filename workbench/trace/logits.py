@@ -80,6 +80,11 @@ class LogitRows:
     def all(self) -> bool:
         return len(self.positions) == self.T
 
+    @property
+    def first(self) -> int:
+        """The first position asked for (0 for all): where ``prune=True`` starts its rows."""
+        return 0 if self.all or not len(self.positions) else int(self.positions[0])
+
     def __len__(self) -> int:
         return len(self.positions)
 

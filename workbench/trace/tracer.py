@@ -650,6 +650,12 @@ class Trace:
             raise ValueError(f"op {name!r}: this trace does not know its token count (a bare program)")
         return range(T)
 
+    def pruned_at(self, name: str) -> bool:
+        """Whether op ``name``'s rows are fewer than every position because of ``prune=True``
+        (its :meth:`positions` are :attr:`pruned`'s, which start past 0)."""
+        p = self.pruned
+        return p is not None and p.start > 0 and self.positions(name) == p.positions
+
     @property
     def logit_positions(self) -> range | tuple | None:
         """The token positions ``.logits`` has rows for (``trace(..., logits=)``): a ``range``

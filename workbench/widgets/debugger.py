@@ -333,7 +333,7 @@ class StepDebugger(W.VBox):
         if rows is not None and s.name in _HEAD_OPS:  # the head's rows: which positions they are
             iv += (f"<br><i>rows: the logits at {html.escape(rows.describe())}"
                    + (f" ({html.escape(rows.note)})" if rows.note else "") + "</i>")
-        elif getattr(tr, "pruned", None) is not None and tr.pruned.start and tr.positions(s.name) == tr.pruned.positions:
+        elif getattr(tr, "pruned", None) is not None and tr.pruned_at(s.name):
             iv += f"<br><i>rows: pruned, {html.escape(tr.pruned.describe())}</i>"
         self.current.value = (
             f"<b>op #{s.index}</b>: <code style='font-size:110%'><b>{html.escape(s.name)}</b></code> "
