@@ -1,6 +1,6 @@
 """The crash hunt (workbench hunt --crash, workbench.crash_hunt): the forward in a child
 process, one synchronized step at a time; a child killed at a planted step
-(WORKBENCH_CRASH_AT, read by the child only) is reported by the step, its inputs, its
+(WORKBENCH_CRASH_AT, named in every report it affects) is reported by the step, its inputs, its
 output and the signal, at both granularities, in Python and on the command line."""
 import json
 import time
@@ -43,7 +43,10 @@ def test_sigfpe_at_lm_head_names_the_op_its_input_and_signal(plant):
     assert f.index == model.program.index("lm_head") == r.report["steps_completed"]
     assert r.report["steps"] == len(model.program.ops) and r.report["granularity"] == "op"
     assert r.report["crash"]["signal"] == "SIGFPE" and r.report["crash"]["op"] == "lm_head"
-    assert f.causes == []  # (9 tokens: nothing near 2^31 elements, nothing near the memory)
+    # the planted variable is named first; then nothing (9 tokens: nothing near 2^31 elements
+    # or the memory)
+    assert len(f.causes) == 1 and f.causes[0].startswith(f"planted by {CRASH_AT_ENV}=lm_head:FPE")
+    assert f.planted == r.report["planted"] == "lm_head:FPE"
 
 
 def test_module_granularity_sigsegv_at_a_module_call(plant):

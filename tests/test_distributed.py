@@ -158,16 +158,15 @@ def _free_ports(n: int) -> int:
 
 
 def _launch(n: int, args: list[str], timeout: float = 40, script=None, hostfile=None) -> subprocess.CompletedProcess:
-    """``mlx.launch --backend ring -n N -- python -m workbench.cli distributed ARGS`` (or
-    ``python SCRIPT``; or ``--hostfile`` for the hosts) on localhost, the whole process group
+    """``mlx.launch --backend ring -n N -- python -I -m workbench.cli distributed ARGS`` (or
+    ``python -I SCRIPT``: isolated, as docs/distributed.md says to run a rank; or ``--hostfile`` for the hosts) on localhost, the whole process group
     killed past ``timeout``."""
     launcher = Path(sys.executable).parent / "mlx.launch"
     assert launcher.exists(), f"mlx's launcher is missing next to {sys.executable}"
     hosts = ["--hostfile", str(hostfile)] if hostfile else ["--backend", "ring", "-n", str(n)]
     cmd = [str(launcher), *hosts, "-p", str(_free_ports(n)), "--",
-           sys.executable, *([str(script)] if script else ["-m", "workbench.cli", "distributed"]), *args]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(cmd, cwd=str(ROOT), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+           sys.executable, "-I", *([str(script)] if script else ["-m", "workbench.cli", "distributed"]), *args]
+    proc = subprocess.Popen(cmd, cwd=str(ROOT), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)

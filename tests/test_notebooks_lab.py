@@ -20,7 +20,7 @@ def test_dry_run_json_describes_the_launch(capsys, tmp_path, monkeypatch):
     assert not (tmp_path / "data").exists()           # ...but a dry run signs nothing
     assert info["url"].startswith("http://127.0.0.1:8899/lab/tree/01_tour.ipynb?token=")
     cmd = info["command"]
-    assert cmd[:3] == [sys.executable, "-m", "jupyterlab"]
+    assert cmd[:3] == [sys.executable, "-I", "-c"] and cmd[5] == "jupyterlab"  # isolated (workbench.child)
     assert f"--ServerApp.root_dir={NOTEBOOKS}" in cmd and "--ServerApp.ip=127.0.0.1" in cmd
     assert "--LabApp.default_url=/lab/tree/01_tour.ipynb" in cmd
 

@@ -97,4 +97,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from workbench.child import drop_working_directory
+
+    drop_working_directory()  # (`python -m workbench.cli` put it first: no later import comes from there)
     sys.exit(main())

@@ -27,6 +27,8 @@ import socket
 import sys
 from pathlib import Path
 
+from workbench.child import python_argv
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = REPO_ROOT / "notebooks"
 FIRST_NOTEBOOK = "01_tour.ipynb"
@@ -56,13 +58,15 @@ def lab_argv(root: str | os.PathLike, *, port: int = 8888, ip: str = "127.0.0.1"
     if token:
         raise ValueError("a token on the command line is readable by every local user: pass it with lab_env(token)")
     root = Path(root)
-    argv = [sys.executable, "-m", "jupyterlab",
-            f"--ServerApp.root_dir={root}",
-            f"--ServerApp.ip={ip}",
-            f"--ServerApp.port={port}",
-            "--ServerApp.port_retries=0",
-            "--ServerApp.open_browser=" + ("True" if open_browser else "False"),
-            "--LabApp.news_url=None"]
+    # isolated (workbench.child): the server imports nothing from the folder it starts in; its
+    # kernels get the environment as it is, and their notebook's folder as Jupyter gives it
+    argv = python_argv("jupyterlab",
+                       f"--ServerApp.root_dir={root}",
+                       f"--ServerApp.ip={ip}",
+                       f"--ServerApp.port={port}",
+                       "--ServerApp.port_retries=0",
+                       "--ServerApp.open_browser=" + ("True" if open_browser else "False"),
+                       "--LabApp.news_url=None")
     if token == "":
         argv.append("--IdentityProvider.token=")
     if workspaces_dir is not None:

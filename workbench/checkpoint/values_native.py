@@ -165,7 +165,7 @@ def compile_kernels(d: str | None = None) -> "ctypes.CDLL | None":
             base = [cc, "-O3", "-ffp-contract=off", "-shared", "-fPIC", src, "-o", out]
             for extra in (["-march=native"], ["-mcpu=native"], [], ["-DWB_NO_F16"]):
                 try:
-                    r = subprocess.run(base + extra, capture_output=True, timeout=120)
+                    r = subprocess.run(base + extra, capture_output=True, timeout=120, cwd=tmp)  # (not the user's folder)
                 except (OSError, subprocess.SubprocessError):
                     return None
                 if r.returncode == 0:

@@ -235,6 +235,10 @@ def run_crash(args, budget) -> int:
         return 1 if result.found else 0
     where = f"({report['granularity']}, {report['device']}, {report['dtype']}, {report['tokens']} tokens, " \
             f"{report['seconds']:.2f} s)"
+    if report.get("planted"):
+        from workbench.trace.crash import CRASH_AT_ENV
+
+        _print(f"note: {CRASH_AT_ENV}={report['planted']} is set: a planted crash (a testing aid), not the model's")
     f = result.finding
     if f is None:
         _print(f"no crash: the forward completed, {report['steps_completed']} steps each run and synchronized {where}")

@@ -9,7 +9,11 @@ it.  So the forward runs in a child process (``python -m workbench.trace.crash``
 of the Trace at a time (``tr.step()``: an op of the op program, or a module call at module
 granularity), each evaluated and synchronized (``mx.synchronize()``) before the next.
 Before a step runs, the child writes to the parent, one JSON line each over a pipe of its
-own (not stdout, which libraries print to):
+own (not stdout, which libraries print to).  The child runs only our code and dies with the
+parent (:mod:`workbench.child`: ``python -I`` with this process's import path less the
+working directory, started in ``/``, in a process group of its own that a hang or the
+parent's exit kills whole, and a parent-death signal), so a ``json.py`` or ``workbench/``
+lying in the user's folder is never imported:
 
 * ``{"event": "step", "index", "name", "kind", "layer", "inputs": [{name, shape, dtype, size}]}``;
 * ``{"event": "output", "index", "shape", "dtype", "size", "nbytes", "memory_free"}``: the
@@ -26,7 +30,9 @@ reads with a deadline and drops a line the child did not finish writing, so a ch
 mid-message cannot hang it.  No pickle: plain JSON lines.
 
 Testing aid: the child reads the environment variable ``WORKBENCH_CRASH_AT`` =
-``NAME[:HOW]`` (:data:`CRASH_AT_ENV`; the parent never reads it): at the first step whose
+``NAME[:HOW]`` (:data:`CRASH_AT_ENV`), and every report made while it is set says so
+(``report["planted"]``, the finding's first suggested cause, the CLI's first line), so a
+variable left in a shell never passes for a real crash: at the first step whose
 name matches ``NAME`` (exact, a glob or ``re:...``), after announcing it and before running
 it, the child kills itself: ``HOW`` is a signal name (``FPE``, the default, ``SEGV``,
 ``BUS``, ``ILL``, ``KILL``, ``TERM``), ``abort`` (``os.abort()``: SIGABRT, as an MLX abort),
@@ -45,6 +51,8 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+
+from workbench import child as _child_process
 
 #: the testing aid read by the child only: ``NAME[:HOW]`` (see the module's docstring)
 CRASH_AT_ENV = "WORKBENCH_CRASH_AT"
@@ -75,7 +83,8 @@ class CrashFinding:
     ``inputs``: ``[{name, shape, dtype, size}]``; ``output``: ``{shape, dtype, size, nbytes}``
     (None when it died before the graph was built); ``signal`` (``"SIGFPE"``) or
     ``exit_code`` or ``error`` (an exception the step raised); ``hung`` with ``timeout``;
-    ``causes``: suggested causes; ``stderr``: the end of what the child printed."""
+    ``causes``: suggested causes; ``stderr``: the end of what the child printed; ``planted``:
+    the value of ``WORKBENCH_CRASH_AT`` when it was set (the testing aid: not a real crash)."""
 
     op: str | None
     index: int | None
@@ -92,6 +101,7 @@ class CrashFinding:
     causes: list = field(default_factory=list)
     memory_free: int | None = None
     stderr: str = ""
+    planted: str | None = None
 
     @property
     def how(self) -> str:
@@ -102,13 +112,15 @@ class CrashFinding:
             return f"raised {self.error}"
         if self.signal is not None:
             return self.signal
+        if self.exit_code == 0:
+            return "exit code 0 before the forward finished"
         return f"exit code {self.exit_code}"
 
     def to_dict(self) -> dict:
         return {"op": self.op, "index": self.index, "kind": self.kind, "layer": self.layer, "stage": self.stage,
                 "inputs": self.inputs, "output": self.output, "signal": self.signal, "exit_code": self.exit_code,
                 "error": self.error, "hung": self.hung, "timeout": self.timeout, "causes": self.causes,
-                "memory_free": self.memory_free, "stderr": self.stderr}
+                "memory_free": self.memory_free, "stderr": self.stderr, "planted": self.planted}
 
     def __str__(self) -> str:
         where = (f"{self.op} ({'' if self.layer is None else f'layer {self.layer}, '}{self.kind}, step {self.index})"
@@ -135,10 +147,11 @@ class CrashResult:
 
     def __str__(self) -> str:
         r = self.report
+        note = f" [{CRASH_AT_ENV}={r['planted']} is set: planted]" if r.get("planted") else ""
         if self.finding is None:
             return (f"no crash: {r['steps_completed']} of {r['steps']} steps ran, each synchronized "
-                    f"({r['granularity']}, {r['device']})")
-        return f"crash at {self.finding} ({r['steps_completed']} of {r['steps']} steps completed)"
+                    f"({r['granularity']}, {r['device']}){note}")
+        return f"crash at {self.finding} ({r['steps_completed']} of {r['steps']} steps completed){note}"
 
     def __repr__(self) -> str:
         return f"<CrashResult {self}>"
@@ -276,27 +289,32 @@ def crash_hunt(model_or_path, ids_or_text, dtype=None, *, granularity: str = "au
         payload = json.dumps(spec, allow_nan=False).encode()
     except (TypeError, ValueError):
         raise TypeError("crash_hunt: attention and memory_budget must be plain values (str, int, list)") from None
+    planted = os.environ.get(CRASH_AT_ENV, "").strip() or None  # (the child gets this environment)
     t0 = time.perf_counter()
-    messages, ended, rc, hung_after, torn, stderr, stepping = _run_child(payload, timeout, python or sys.executable)
+    messages, ended, rc, hung_after, torn, stderr, stepping = _run_child(payload, timeout, python)
     seconds = time.perf_counter() - t0
-    result = _result(messages, ended, rc, hung_after, torn, stderr, timeout, seconds)
+    result = _result(messages, ended, rc, hung_after, torn, stderr, timeout, seconds, planted)
     result.report["stepping_seconds"] = None if stepping is None else round(stepping, 3)
     return result
 
 
-def _run_child(payload: bytes, timeout, python: str):
-    """Start the child, feed it ``payload``, read its messages until it ends (or hangs).
+def _run_child(payload: bytes, timeout, python: str | None):
+    """Start the child (isolated: :mod:`workbench.child`), feed it ``payload``, read its
+    messages until it ends (or hangs); the child's process group is killed on the way out.
     Returns (messages, saw_end, returncode, hung, torn_bytes, stderr_tail, seconds from the
     child's ``start`` to its last message: the stepping, without Python's start or the load)."""
     r, w = os.pipe()
     err = tempfile.TemporaryFile()
     request = tempfile.TemporaryFile()  # (its stdin: a file, so a long prompt never blocks the parent)
+    proc = None
     try:
         request.write(payload)
         request.seek(0)
+        argv = _child_process.python_argv("workbench.trace.crash", "--child", str(w), "--parent", str(os.getpid()),
+                                          python=python)
         try:
-            proc = subprocess.Popen([python, "-m", "workbench.trace.crash", "--child", str(w)],
-                                    stdin=request, stdout=err, stderr=err, pass_fds=(w,))
+            proc = subprocess.Popen(argv, stdin=request, stdout=err, stderr=err, pass_fds=(w,),
+                                    **_child_process.popen_options())
         finally:
             os.close(w)  # (the child holds the only write end: its death is our EOF)
         messages, buf, hung, ended = [], b"", False, False
@@ -334,13 +352,13 @@ def _run_child(payload: bytes, timeout, python: str):
                     break
             if deadline is not None and time.monotonic() >= deadline and proc.poll() is None:
                 hung = True
-                proc.kill()  # (our own child, by its process id)
+                _child_process.kill_group(proc)  # (our own child and whatever it started)
                 break
         try:
             rc = proc.wait(timeout=None if timeout is None else max(timeout, 5.0))
         except subprocess.TimeoutExpired:  # EOF but still running: it closed the pipe and hangs
             hung = True
-            proc.kill()
+            _child_process.kill_group(proc)
             rc = proc.wait()
         err.seek(0, os.SEEK_END)
         size = err.tell()
@@ -349,6 +367,10 @@ def _run_child(payload: bytes, timeout, python: str):
         stepping = None if started is None else last - started
         return messages, ended, rc, hung, len(buf), tail.strip(), stepping
     finally:
+        if proc is not None:  # (whatever ended us here: nothing of the child's outlives the hunt)
+            _child_process.kill_group(proc)
+            if proc.poll() is None:
+                proc.wait()
         os.close(r)
         err.close()
         request.close()
@@ -357,7 +379,7 @@ def _run_child(payload: bytes, timeout, python: str):
 _INPUT_STAGES = ("spec", "load", "trace")
 
 
-def _result(messages, ended, rc, hung, torn, stderr, timeout, seconds) -> CrashResult:
+def _result(messages, ended, rc, hung, torn, stderr, timeout, seconds, planted=None) -> CrashResult:
     start = next((m for m in messages if m.get("event") == "start"), {})
     errors = [m for m in messages if m.get("event") == "error"]
     if errors and errors[-1].get("stage") in _INPUT_STAGES and not hung:
@@ -365,7 +387,8 @@ def _result(messages, ended, rc, hung, torn, stderr, timeout, seconds) -> CrashR
     completed = sum(1 for m in messages if m.get("event") == "done")
     report = {"crash": None, "steps_completed": completed, "steps": start.get("steps"),
               "granularity": start.get("granularity"), "device": start.get("device"),
-              "dtype": start.get("dtype"), "tokens": start.get("tokens"), "seconds": round(seconds, 3)}
+              "dtype": start.get("dtype"), "tokens": start.get("tokens"), "seconds": round(seconds, 3),
+              "planted": planted}
     if ended and rc == 0 and not hung:
         return CrashResult(report, None, messages)
 
@@ -391,7 +414,7 @@ def _result(messages, ended, rc, hung, torn, stderr, timeout, seconds) -> CrashR
                      stage=stage, inputs=list(step.get("inputs") or []) if step else [],
                      output=({k: out.get(k) for k in ("shape", "dtype", "size", "nbytes")} if out else None),
                      memory_free=out.get("memory_free") if out else None,
-                     hung=hung, timeout=timeout if hung else None, error=error, stderr=stderr)
+                     hung=hung, timeout=timeout if hung else None, error=error, stderr=stderr, planted=planted)
     if not hung:
         if rc < 0:
             try:
@@ -401,6 +424,9 @@ def _result(messages, ended, rc, hung, torn, stderr, timeout, seconds) -> CrashR
         else:
             f.exit_code = rc
     f.causes = suggest(f)
+    if planted:
+        f.causes.insert(0, f"planted by {CRASH_AT_ENV}={planted} (a testing aid, set in this environment: "
+                           "not the model's crash; unset it)")
     if torn:
         f.causes.append(f"(the child died in the middle of a message: {torn} bytes of it dropped)")
     report["crash"] = f.to_dict()
@@ -571,10 +597,11 @@ def _child(fd: int) -> int:
 
 
 def _main(argv) -> int:
-    if len(argv) != 2 or argv[0] != "--child" or not argv[1].isdigit():
+    if len(argv) != 4 or argv[0] != "--child" or argv[2] != "--parent" or not (argv[1].isdigit() and argv[3].isdigit()):
         print("workbench.trace.crash: the crash hunt's child, started by crash_hunt() / workbench hunt --crash",
               file=sys.stderr)
         return 2
+    _child_process.die_with_parent(int(argv[3]))
     fd = int(argv[1])
     try:
         return _child(fd)
