@@ -9,6 +9,7 @@ import workbench
 from workbench import zoo
 from workbench.cli import main
 from workbench.diff import Reference, compare, dump, read_dump
+from workbench.diff.report import DiffError
 
 IDS = [5, 17, 3, 42, 8, 99, 23]  # 7 tokens: no size coincides with a head count or head dim
 
@@ -158,7 +159,12 @@ def test_wrong_token_count_is_explained(ckpt, reference, tmp_path):
     values, _ = read_dump(reference)
     eng = {k: np.concatenate([v, v[:, :1]], axis=1) if v.ndim == 3 and v.shape[1] == len(IDS) else v
            for k, v in values.items() if k.startswith("layers.") and k.count(".") <= 1}
-    r = compare(ckpt, eng, ids=IDS)
+    # one line naming both counts and what to give (issue 39: a decode step is read, another count refused)
+    with pytest.raises(DiffError, match=r"'layers.0' \[1, 8, 64\] holds 8 positions' values, our layers.0 "
+                                        r"\[1, 7, 64\] 7: give the prompt the engine ran .* or --decode"):
+        compare(ckpt, eng, ids=IDS)
+    # where the residual stream is not dumped, a shape finding still says why
+    r = compare(ckpt, {k: v for k, v in eng.items() if k != "layers.0"}, ids=IDS)
     assert r.first_divergence.status == "shape" and "same tokens (7 of them here)" in r.verdict()
     with pytest.raises(Exception, match="made for ids"):
         compare(reference, eng, ids=[1, 2])

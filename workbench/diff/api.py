@@ -338,6 +338,11 @@ def _restrict(ref: Reference, logits, T: int) -> tuple[dict, list[int]]:
     return values, want
 
 
+def _kinds(model: Any) -> dict[str, str]:
+    """Op name -> its kind (empty for a module-level model)."""
+    return {op.name: op.kind for op in model.program.ops} if not is_module_level(model) else {}
+
+
 def _split_weights(model: Any, eng: dict, rules, op_names) -> dict:
     """Take out of ``eng`` the tensors whose renamed name is a checkpoint tensor, not an op."""
     ops = set(op_names)
@@ -354,7 +359,7 @@ def _split_weights(model: Any, eng: dict, rules, op_names) -> dict:
 def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[int] | None = None,
             rules: Any = None, tolerance: Tolerance | dict | None = None, dtype: str | None = None,
             noise_floor: str | None = None, local: bool = True, logits=None, engine_adapter: str | None = None,
-            decode: bool | None = None) -> DiffReport:
+            decode: bool | None = None, engine_dtype: str | None = None) -> DiffReport:
     """Diff an engine dump against our reference.
 
     ``model``: a checkpoint path, a loaded model, a :class:`Reference`, or the path of a
@@ -377,9 +382,19 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
     :func:`torch_hooks` and the llama.cpp eval-callback reader record).  ``engine`` may also be
     llama-eval-callback's text output.  ``decode``: the engine's dump is one decode step (the last
     of ``ids`` through its KV cache), compared with our full forward's row at that position
-    (default: what the dump's ``workbench.decode`` metadata says).
+    (default: what the dump's ``workbench.decode`` metadata says, else what its shapes say:
+    one position's values where the prompt has several).  ``engine_dtype``: the
+    precision the engine computes in ("float32", "bfloat16", "float16"; default: what its
+    dump's metadata says, else what its values are exact in), each op's local error then held
+    to its rounding at that precision (workbench/diff/budget.py).
     """
+    from workbench.diff.budget import engine_precision, parse_precision
     from workbench.precision import exact_float32
+
+    try:
+        engine_dtype = parse_precision(engine_dtype)
+    except ValueError as e:
+        raise DiffError(str(e)) from None
 
     rules = _rules(rules)
     noise_floor = _dtype_name(noise_floor)
@@ -399,8 +414,10 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
         eng, emeta = readers.read_dump(engine)
     adapter = glue.adapter_for(engine_adapter, emeta)
     tolerance = glue.engine_tolerance(tolerance, emeta)
-    if decode is None:
+    if decode is None and glue.META_DECODE in emeta:
         decode = emeta.get(glue.META_DECODE) == "1"
+    decode_note = None
+    where = engine if not isinstance(engine, Mapping) else "the engine mapping"
     if not eng:
         raise DiffError(f"{engine if not isinstance(engine, Mapping) else 'the engine mapping'}: holds no tensors")
     if isinstance(model, (str, os.PathLike)) and is_reference_dump(model):
@@ -424,6 +441,8 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
         ref_values, ref_pos = _restrict(model, logits, T) if T else (model.values, None)
         eng, known, ainfo = glue.adapt(adapter, eng, model.order, model.model, known)
         printed: dict = {}
+        if decode is None:
+            decode, decode_note = glue.infer_decode(ref_values, eng, rules, T, where)
         if decode:
             ref_values = glue.decode_rows(ref_values, head_ops(model.order), T)
         elif adapter is not None and adapter.output_rows:
@@ -452,15 +471,18 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
                                 key_cut=adapter.cuts_keys if adapter else None, notes=ainfo.get("notes"),
                                 printed=printed)
         report.logits = info
-        glue.finish(report, adapter, ainfo, decode)
+        glue.finish(report, adapter, ainfo, decode, decode_note)
         if weights:
             report.weights = compare_weights(loaded, weights, report.tolerance)
         report.engine_total += len(weights)  # the dump's weights count in its coverage
         if local and loaded is not None and model.ids:
+            if known is None:
+                report.engine_precision = engine_precision(aligned, _kinds(loaded), engine_dtype,
+                                                           emeta.get(glue.META_ENGINE_DTYPE))
             with exact_float32():
                 local_errors(report, loaded, aligned, model.ids, dtype=model.dtype, dtypes=model.dtypes,
                              logit_rows=logit_rows_for(compared, T, getattr(loaded, "vocab_size", None)),
-                             decode=decode)
+                             decode=decode, precision=report.engine_precision)
         _precision_warning(report, model.matmul_precision, emeta)
         report.pattern = glue.pattern(report, ref_values, {**aligned, **printed}, loaded, decode)
         return report
@@ -484,6 +506,8 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
         if noise_floor is not None:
             noise = run_reference(m, ids=token_ids, ops=list(matched), dtype=noise_floor,
                                   logits=list(ref_pos) if ref_pos else None).values
+        if decode is None:
+            decode, decode_note = glue.infer_decode(values, eng, rules, len(token_ids), where)
         if decode:
             values = glue.decode_rows(values, head_ops(program.names), len(token_ids))
             noise = None if noise is None else glue.decode_rows(noise, head_ops(program.names), len(token_ids))
@@ -504,15 +528,18 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
                             key_cut=adapter.cuts_keys if adapter else None, notes=ainfo.get("notes"),
                                 printed=printed)
     report.logits = info
-    glue.finish(report, adapter, ainfo, decode)
+    glue.finish(report, adapter, ainfo, bool(decode), decode_note)
     if weights:
         report.weights = compare_weights(m, weights, report.tolerance)
     report.engine_total += len(weights)  # the dump's weights count in its coverage
     if local and matched:
+        if known is None:
+            report.engine_precision = engine_precision(aligned, _kinds(m), engine_dtype,
+                                                       emeta.get(glue.META_ENGINE_DTYPE))
         with exact_float32():
             local_errors(report, m, aligned, token_ids, dtype=dtype, dtypes=dtypes,
                          logit_rows=logit_rows_for(compared, len(token_ids), getattr(m, "vocab_size", None)),
-                         decode=decode)
+                         decode=decode, precision=report.engine_precision)
     _precision_warning(report, precision, emeta)
     report.pattern = glue.pattern(report, values, {**aligned, **printed}, m, decode)
     return report

@@ -42,6 +42,9 @@ def add_arguments(p) -> None:
                         f"--noise-factor x that run's error instead of fixed limits (reference in float32)")
     p.add_argument("--noise-factor", type=number_arg(0, above=True), default=d.noise_factor,
                    help=f"multiple of the noise floor an op may reach (default {d.noise_factor:g})")
+    p.add_argument("--engine-dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                   help="the precision the engine computes in: each op's local error is held to its rounding "
+                        "there (default: what the dump's metadata says, else what its values are exact in)")
     p.add_argument("--no-local", dest="local", action="store_false",
                    help="skip the local errors (our op on the engine's own inputs; about one more forward)")
     p.add_argument("--plot", metavar="FILE.png", help="also save the per-op error curve (a new file: "
@@ -97,7 +100,8 @@ def run(args) -> int:
     with common.usage_errors():
         report = compare(args.path, args.engine_dump, prompt=prompt, ids=ids, rules=args.map,
                          tolerance=tol, dtype=args.dtype, noise_floor=args.noise_floor, local=args.local,
-                         logits=logits, engine_adapter=args.engine, decode=args.decode)
+                         logits=logits, engine_adapter=args.engine, decode=args.decode,
+                         engine_dtype=args.engine_dtype)
     if report.compared == 0 and report.first_divergence is None and not report.weights:
         hint = ", ".join(f"{n} (closest op: {report.suggestions[n]})" if n in report.suggestions else n
                          for n in report.unmatched_engine[:5])

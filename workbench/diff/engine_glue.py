@@ -7,7 +7,6 @@ the first finding's pattern (workbench/diff/signature.py).
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -62,8 +61,10 @@ def _family_and_head_dim(model: Any) -> tuple[str | None, int | None]:
     if isinstance(model, (str, os.PathLike)):
         p = Path(model)
         p = p if p.is_dir() else p.parent
-        try:
-            cfg = json.loads((p / "config.json").read_text())
+        from workbench import fsio
+
+        try:  # (a reference dump names this path: a FIFO or /dev/zero there is refused, not read)
+            cfg = fsio.read_json(p / "config.json", fsio.MAX_CONFIG)
         except (OSError, ValueError):
             return None, None
     elif model is not None:
@@ -91,6 +92,37 @@ def adapt(adapter: Adapter | None, eng: dict, order: Sequence[str], model: Any, 
     family, head_dim = _family_and_head_dim(model)
     out, info = adapter.apply(eng, order, family=family, head_dim=head_dim, known=known)
     return out, (info["known"] if known is not None else None), info
+
+
+#: ops that hold the residual stream, one row per position: where the positions are counted
+STREAM = ("embed_tokens",)
+
+
+def infer_decode(ours: Mapping[str, Any], eng: Mapping[str, Any], rules, T: int, where: str) -> tuple[bool, str | None]:
+    """Whether an engine's dump holds one decode step, read from its shapes where neither the
+    caller nor its metadata said: the first residual-stream op (``embed_tokens``, else
+    ``layers.0``) of ours holds ``T`` positions; the engine's, as many elements as ours (the
+    prompt: False), or one position's (True, with the note saying so).  Another count is a
+    DiffError naming both and the options."""
+    from workbench.diff.report import DiffError, match_names
+
+    order = [n for n in (*STREAM, "layers.0") if n in ours]
+    matched, _, _ = match_names(eng.keys(), order, rules)
+    for op in order:
+        if op not in matched:
+            continue
+        mine, theirs = np.shape(ours[op]), np.shape(eng[matched[op]])
+        per_row = int(np.prod(mine)) // T if T else 0
+        size = int(np.prod(theirs))
+        if T <= 1 or not per_row or size == per_row * T:
+            return False, None
+        if size == per_row:
+            return True, (f"read as one decode step: the engine's {matched[op]!r} holds one position "
+                          f"({list(theirs)}), the prompt {T}")
+        raise DiffError(f"{where}: the engine's {matched[op]!r} {list(theirs)} holds {size / per_row:g} positions' "
+                        f"values, our {op} {list(mine)} {T}: give the prompt the engine ran (--ids/--prompt), "
+                        "or --decode for a dump of the last token's decode step")
+    return False, None
 
 
 def decode_rows(values: Mapping[str, Any], heads: Sequence[str], T: int) -> dict:
@@ -137,8 +169,9 @@ def output_rows(values: Mapping[str, Any], eng: Mapping[str, Any], heads: Sequen
     return out
 
 
-def finish(report, adapter: Adapter | None, info: Mapping, decode: bool) -> None:
+def finish(report, adapter: Adapter | None, info: Mapping, decode: bool, decode_note: str | None = None) -> None:
     report.decode = bool(decode)
+    report.decode_note = decode_note
     if adapter is None:
         return
     report.engine = adapter.name

@@ -1,6 +1,13 @@
 """Local errors: our op applied to the engine's own inputs (where the bug *is*, not where it shows).
 
-Split out of api.py (issue 34); api re-exports every name.
+For each compared op, the inputs come from the engine's dump; an input the engine did not
+dump is recomputed from the nearest dumped tensors through our program (a *segment*: at most
+:data:`MAX_SEGMENT` ops, e.g. ``mlp.act`` from ``gate_proj`` and ``up_proj`` for
+``down_proj``).  With the engine's precision known (:mod:`workbench.diff.budget`) the op (or
+segment) runs twice: *exact* in a finer format and *honest* at the op's precision; the
+engine's output is judged against the exact one, within :data:`budget.FACTOR` x the honest
+one's distance (rule ``"budget"``).  Without it (module-level records aside, a dump of printed
+values), the fixed local limits of the tolerance decide (rule ``"fixed"``).
 """
 from __future__ import annotations
 
@@ -8,8 +15,13 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from workbench.diff import budget as rounding
 from workbench.diff.metrics import error_metrics, local_diverged
 from workbench.diff.report import DiffReport, to_numpy
+from workbench.dtypes import dtype_name, parse_dtype
+
+#: at most this many ops are recomputed to stand in for inputs the engine did not dump
+MAX_SEGMENT = 12
 
 
 def is_module_level(m) -> bool:
@@ -33,80 +45,180 @@ def topk_dependents(program) -> dict[str, list[str]]:
     return out
 
 
+def segment(program, name: str, have) -> list[str] | None:
+    """The ops to run, in program order and ``name`` last, to compute ``name`` from the values
+    in ``have`` (dumped or fed); None when that takes more than :data:`MAX_SEGMENT` ops or an
+    input is neither dumped nor made by an op."""
+    order: list[str] = []
+    done: set[str] = set()
+
+    def visit(n: str) -> bool:
+        if n in done:
+            return True
+        if n != name and n in have:
+            return True
+        if n not in program or len(order) >= MAX_SEGMENT:
+            return False
+        for s in program[n].inputs:
+            if not visit(s):
+                return False
+        done.add(n)
+        order.append(n)
+        return True
+
+    return order if visit(name) else None
+
+
+class _Runs:
+    """Contexts to recompute ops in: ``"float64"`` on the CPU, the others as the model runs;
+    the weights cast to each, kept for this diff only."""
+
+    def __init__(self, model, logit_rows):
+        self.model, self.logit_rows = model, logit_rows
+        self._ctx: dict[str, Any] = {}
+
+    def ctx(self, fmt: str | None):
+        c = self._ctx.get(fmt)
+        if c is None:
+            import mlx.core as mx
+
+            from workbench.models.model import Context, Weights
+
+            if fmt is None:  # the model's own (storage) dtypes
+                c = self.model.context(None)
+            else:
+                dt = getattr(mx, fmt)
+                c = Context(dtype=dt, weights=Weights(self.model.weights().raw, dt), model=self.model, uniform=True)
+            c.logit_rows = self.logit_rows
+            self._ctx[fmt] = c
+        return c
+
+    def run(self, program, order: list[str], fmt: str | None, feeds, aligned, dtypes):
+        """``order``'s last op computed in ``fmt`` (None: the model's own dtypes) from the
+        engine's tensors (rounded to it)."""
+        import mlx.core as mx
+
+        ctx = self.ctx(fmt)
+        vals: dict = {}
+
+        def value(s):
+            if s in vals:
+                return vals[s]
+            if s in feeds:
+                return feeds[s]
+            own = (dtypes or {}).get(s, "")
+            want = getattr(mx, own) if own.startswith(("int", "uint", "bool")) else ctx.dtype
+            return mx.array(aligned[s]).astype(want)
+
+        with mx.stream(mx.cpu) if fmt == "float64" else _nothing():
+            for n in order:
+                op = program[n]
+                vals[n] = op.fn(ctx, *[value(s) for s in op.inputs])
+        return vals[order[-1]]
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
 def local_errors(report: DiffReport, model: Any, aligned: Mapping[str, np.ndarray], ids: Sequence[int],
                  dtype: str | None = None, dtypes: Mapping[str, str] | None = None, logit_rows=None,
-                 decode: bool = False) -> int:
-    """Fill each op's local error: our op applied to the engine's own (aligned) inputs.
+                 decode: bool = False, precision: rounding.EnginePrecision | None = None) -> int:
+    """Fill each op's local error: our op (or segment) applied to the engine's own (aligned)
+    inputs, and with ``precision`` its rounding budget and verdict.  Returns how many ops got one.
 
-    Program inputs (token ids, RoPE offsets, masks) come from our feeds; an op with an
-    input the engine did not dump is left without a local error.  Returns how many ops
-    got one.  ``dtypes``: our ops' own dtypes, so integer values (expert indices) are fed
-    back as integers.  ``logit_rows``: the positions the head's tensors were compared at
-    (a :class:`workbench.trace.logits.LogitRows`; None: every one): the head recomputes those rows.
+    Program inputs (token ids, RoPE offsets, masks) come from our feeds.  ``dtype``: the
+    compute dtype without ``precision``; ``dtypes``: our ops' own dtypes, so integer values
+    (expert indices) are fed back as integers.  ``logit_rows``: the positions the head's
+    tensors were compared at (a :class:`workbench.trace.logits.LogitRows`; None: every one).
     """
     import mlx.core as mx
 
     if is_module_level(model):  # a module call is not re-run on another engine's inputs (yet)
         return 0
     program = model.program
-    ctx = model.context(dtype)
-    ctx.logit_rows = logit_rows
+    runs = _Runs(model, logit_rows)
     feeds = model.feeds(mx.array([list(ids)], dtype=mx.int32))
+    have = set(aligned) | set(feeds)
+    fixed_fmt = None if dtype is None else dtype_name(parse_dtype(dtype))
     tol = report.tolerance
     n = 0
     pending: list = []
     pending_bytes = 0
+
+    def numpy_or_reason(od, out):
+        try:
+            return to_numpy(out)
+        except (ValueError, TypeError, IndexError, RuntimeError) as e:
+            od.reasons.append(f"local error not computed: {e}")
+            return None
 
     def flush():
         nonlocal n, pending, pending_bytes
         if not pending:
             return
         try:
-            mx.eval([out for _, _, out in pending])
+            mx.eval([x for _, _, ex, ho, _ in pending for x in (ex, ho) if x is not None])
         except (ValueError, RuntimeError):
             pass  # evaluated one by one below, where the failing op is named
-        for od, op, out in pending:
-            try:
-                ours = to_numpy(out)
-            except (ValueError, TypeError, IndexError, RuntimeError) as e:
-                od.reasons.append(f"local error not computed: {e}")
-                continue
+        for od, op, ex, ho, p in pending:
+            exact = numpy_or_reason(od, ex)
             theirs = aligned[od.op]
-            if ours.shape != theirs.shape:
+            if exact is None or exact.shape != theirs.shape:
                 continue
+            honest = None if ho is None else numpy_or_reason(od, ho)
             if op.kind == "topk":  # a set of indices: compare it as a set
-                ours, theirs = np.sort(ours, axis=-1), np.sort(theirs, axis=-1)
-            m = error_metrics(ours, theirs, mask_below=tol.mask_below)
+                exact, theirs = np.sort(exact, axis=-1), np.sort(theirs, axis=-1)
+                honest = None if honest is None else np.sort(honest, axis=-1)
+            m = error_metrics(exact, theirs, mask_below=tol.mask_below)
             od.local_cosine, od.local_nmse, od.local_max_abs = m["cosine"], m["nmse"], m["max_abs"]
-            od.local_diverged = local_diverged(m, tol)
+            od.local_power = m["nmse_power"]
+            fixed = local_diverged(m, tol)
+            od.local_rule = "fixed"
+            if honest is not None and honest.shape == exact.shape:
+                b = error_metrics(exact, honest, mask_below=tol.mask_below)
+                if not b["nonfinite"]:  # (an honest run that overflows tells no budget)
+                    od.precision, od.budget_power = p, b["nmse_power"]
+                    od.ratio, beyond = rounding.judge(m["nmse_power"], b["nmse_power"], p)
+                    od.local_rule = "budget"
+                    fixed = bool(m["nonfinite_new"] or m.get("nonfinite_ref_only")) or beyond
+            od.local_diverged = fixed
             n += 1
         pending, pending_bytes = [], 0
 
     for od in report.ops:
         if not od.compared or od.op not in aligned or od.op not in program:  # (a module-level dump's names)
             continue
-        op = program[od.op]
-        if decode and any(src in feeds and src != "input_ids" for src in op.inputs):
+        order = segment(program, od.op, have)
+        if order is None:
+            continue
+        if decode and any(src in feeds and src != "input_ids" for n_ in order for src in program[n_].inputs):
             continue  # positions and masks of a decode step are not the full forward's feeds
-        args = []
-        for src in op.inputs:
-            if src in feeds:
-                args.append(feeds[src])
-            elif src in aligned:
-                own = (dtypes or {}).get(src, "")
-                want = getattr(mx, own) if own.startswith(("int", "uint", "bool")) else ctx.dtype
-                args.append(mx.array(aligned[src]).astype(want))
+        p = precision.of(od.op) if precision is not None else None
+        od.recomputed = order[:-1]
+        try:
+            if p is None:
+                ex, ho = runs.run(program, order, fixed_fmt, feeds, aligned, dtypes), None
             else:
-                break
-        else:
-            try:
-                out = op.fn(ctx, *args)  # lazy: evaluated in batches
-            except (ValueError, TypeError, IndexError, RuntimeError) as e:  # cannot run on these inputs
-                od.reasons.append(f"local error not computed: {e}")
-                continue
-            pending.append((od, op, out))
-            pending_bytes += aligned[od.op].nbytes
-            if pending_bytes > 256 * 2**20:
-                flush()
+                fine = rounding.FINER[p]
+                try:
+                    ex = runs.run(program, order, fine, feeds, aligned, dtypes)
+                    if fine == "float64":
+                        mx.eval(ex)  # (an op with no float64 kernel, e.g. a quantized matmul, fails here)
+                except (ValueError, TypeError, RuntimeError):
+                    ex, p = runs.run(program, order, "float32", feeds, aligned, dtypes), None
+                ho = None if p is None else runs.run(program, order, p, feeds, aligned, dtypes)
+        except (ValueError, TypeError, IndexError, RuntimeError) as e:  # cannot run on these inputs
+            od.reasons.append(f"local error not computed: {e}")
+            continue
+        pending.append((od, program[od.op], ex, ho, p))
+        pending_bytes += aligned[od.op].nbytes
+        if pending_bytes > 256 * 2**20:
+            flush()
     flush()
     return n
+

@@ -15,6 +15,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from workbench.arrays import finite_or_none as _num, to_numpy  # noqa: F401  (to_numpy re-exported)
+from workbench.diff.budget import sqnr_db
 from workbench.diff.layout import LayoutError, reconcile
 from workbench.diff.metrics import (Tolerance, describe_nonfinite, diverged, error_metrics, noise_limits,
                                     nonfinite_where, position_pattern, position_profile)
@@ -37,6 +38,10 @@ def _local(o: "OpDiff") -> str:
     """The local error in words: its nmse, or what its NaN means."""
     x = o.local_nmse
     if x is not None and not math.isnan(x):
+        if o.local_rule == "budget" and o.ratio is not None:
+            seg = f", {' -> '.join(o.recomputed)} recomputed" if o.recomputed else ""
+            return (f"local nmse {x:.3g}, {o.ratio:.3g} x the {o.precision} rounding of this op"
+                    f"{' (within it)' if not o.local_diverged else ''}{seg}")
         return f"local nmse {x:.3g}"
     if o.local_diverged:
         return "local: non-finite values on one side only, where the other is finite"
@@ -73,6 +78,15 @@ class OpDiff:
     local_nmse: float | None = None
     local_max_abs: float | None = None
     local_diverged: bool | None = None
+    # the rounding budget (workbench/diff/budget.py): the op's precision, the local error and
+    # the honest recompute's as powers (MSE / mean(exact^2)), their ratio, the rule that
+    # decided local_diverged ("budget" or "fixed"), the ops recomputed for undumped inputs
+    precision: str | None = None
+    local_power: float | None = None
+    budget_power: float | None = None
+    ratio: float | None = None
+    local_rule: str | None = None
+    recomputed: list = field(default_factory=list)
     # RMS error per token position / RMS of the reference (None when the op has no token axis);
     # NaN at a position holding a non-finite element
     position_error: np.ndarray | None = None  # float32 [T]
@@ -111,6 +125,10 @@ class OpDiff:
             "noise_nmse": _num(self.noise_nmse), "noise_cosine": _num(self.noise_cosine),
             "local_cosine": _num(self.local_cosine), "local_nmse": _num(self.local_nmse),
             "local_max_abs": _num(self.local_max_abs), "local_diverged": self.local_diverged,
+            "precision": self.precision, "local_power": _num(self.local_power),
+            "local_sqnr_db": _num(sqnr_db(self.local_power)), "budget_power": _num(self.budget_power),
+            "budget_sqnr_db": _num(sqnr_db(self.budget_power)), "ratio": _num(self.ratio),
+            "local_rule": self.local_rule, "recomputed": list(self.recomputed),
             # per-position errors: always for ops off tolerance, for the others up to 512 tokens
             "position_error": (None if self.position_error is None
                                or (self.status == "ok" and len(self.position_error) > 512)
@@ -145,10 +163,15 @@ class DiffReport:
     #: the engine's dump is one decode step (the last token, through its KV cache), compared with
     #: our full forward's row at that position
     decode: bool = False
+    #: how the decode step was known when neither the caller nor the dump said (its shapes)
+    decode_note: str | None = None
     #: the first finding's pattern ({"op", "pattern", "text"}: workbench/diff/signature.py), or None
     pattern: dict | None = None
     #: engine tensors an adapter left out on purpose -> why (no op of ours, the same as another)
     dropped_why: dict = field(default_factory=dict)
+    #: the engine's precision and how it was known (workbench.diff.budget.EnginePrecision), None
+    #: where the local errors are held to the fixed limits
+    engine_precision: Any = None
 
     @property
     def logits_partial(self) -> str | None:
@@ -336,8 +359,10 @@ class DiffReport:
             "logits": self.logits,
             "engine": self.engine,
             "decode": self.decode,
+            "decode_note": self.decode_note,
             "pattern": self.pattern,
             "dropped_why": dict(self.dropped_why),
+            "engine_precision": None if self.engine_precision is None else self.engine_precision.to_dict(),
         }
 
     def summary(self, max_ops: int = 40) -> str:
@@ -352,7 +377,8 @@ class DiffReport:
                             if len(self.unmatched_engine) > len(shown) else ""))
         if self.engine or self.decode:
             lines.append("engine: " + (self.engine or "as named") + (" (one decode step, against our full "
-                                                                      "forward's last position)" if self.decode else ""))
+                                                                      "forward's last position)" if self.decode else "")
+                         + (f"; {self.decode_note}" if self.decode_note else ""))
         fd = self.first_divergence
         fl = self.first_local_divergence
         low = self.low_coverage
@@ -385,6 +411,8 @@ class DiffReport:
         v = self.verdict()
         if v and v != low:
             lines.append("  " + v)
+        if self.engine_precision is not None:
+            lines.append("  " + self.engine_precision.text())
         if self.pattern:
             lines.append(f"  pattern ({self.pattern['op']}): {self.pattern['pattern']}: {self.pattern['text']}")
         if not (fd is None and low):
@@ -397,7 +425,7 @@ class DiffReport:
             return nan if isinstance(x, float) and math.isnan(x) else format(x, spec)
 
         lines.append(f"{'#':>5}  {'op':<40} {'status':<9} {'cosine':>10} {'nmse':>10} {'max_abs':>10} "
-                     f"{'local nmse':>10} {'non-finite':>10}")
+                     f"{'local nmse':>10} {'budget':>8} {'x budget':>8} {'non-finite':>10}")
         ops = self.ops
         start = 0
         if len(ops) > max_ops:
@@ -413,7 +441,8 @@ class DiffReport:
             nf = "" if o.nonfinite is None else str(o.nonfinite["count"])
             lines.append(f"{o.index:>5}  {o.op:<40} {o.status:<9} {f(o.cosine, '.6f', bad):>10} "
                          f"{f(o.nmse, '.3g', bad):>10} {f(o.max_abs, '.3g', bad):>10} "
-                         f"{f(o.local_nmse, '.3g', 'nan'):>10} {nf:>10}{mark}")
+                         f"{f(o.local_nmse, '.3g', 'nan'):>10} {f(o.budget_power, '.2g'):>8} "
+                         f"{f(o.ratio, '.3g', 'nan'):>8} {nf:>10}{mark}")
         rest = len(ops) - start - max_ops
         if rest > 0:
             lines.append(f"       ... {rest} more ops")
