@@ -17,7 +17,7 @@ from workbench.diff.naming import apply_rules
 from workbench.diff.report import DiffError, DiffReport, as_rules, compare_arrays, match_names, to_numpy
 from workbench.diff.weights import compare_weights, is_checkpoint_tensor
 # (split out of this module, issue 34; their names stay importable from here)
-from workbench.diff.local import is_module_level, local_errors, topk_dependents  # noqa: F401
+from workbench.diff.local import growth_verdicts, is_module_level, local_errors, topk_dependents  # noqa: F401
 from workbench.diff.logit_rows import (META_LOGITS, align_logits, describe, head_ops,  # noqa: F401
                                        logit_rows_for, parse_positions, positions_json, rows_of)
 
@@ -447,6 +447,8 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
             ref_values = glue.decode_rows(ref_values, head_ops(model.order), T)
         elif adapter is not None and adapter.output_rows:
             ref_values = glue.output_rows(ref_values, eng, head_ops(model.order), T, ainfo.setdefault("notes", {}))
+        if ainfo:
+            glue.choose(eng, ref_values, ainfo)
         if noise_floor is not None:
             matched, _, _ = match_names(eng.keys(), [n for n in model.order if n in model.values], rules)
             noise = run_reference(model.model, ids=model.ids, ops=list(matched) or None, dtype=noise_floor,
@@ -483,6 +485,7 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
                 local_errors(report, loaded, aligned, model.ids, dtype=model.dtype, dtypes=model.dtypes,
                              logit_rows=logit_rows_for(compared, T, getattr(loaded, "vocab_size", None)),
                              decode=decode, precision=report.engine_precision)
+            growth_verdicts(report, loaded.program, report.engine_precision)
         _precision_warning(report, model.matmul_precision, emeta)
         report.pattern = glue.pattern(report, ref_values, {**aligned, **printed}, loaded, decode)
         return report
@@ -501,7 +504,8 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
     precision = None
     ref_pos = None
     if matched:
-        ref = run_reference(m, ids=token_ids, ops=list(matched), dtype=dtype, logits=logits)
+        maybe = [c for cands in ainfo.get("alternatives", {}).values() for c in cands if c not in matched]
+        ref = run_reference(m, ids=token_ids, ops=list(matched) + maybe, dtype=dtype, logits=logits)
         values, dtypes, precision, ref_pos = dict(ref.values), ref.dtypes, ref.matmul_precision, ref.positions
         if noise_floor is not None:
             noise = run_reference(m, ids=token_ids, ops=list(matched), dtype=noise_floor,
@@ -515,6 +519,7 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
             values = glue.output_rows(values, eng, head_ops(program.names), len(token_ids),
                                       ainfo.setdefault("notes", {}))
             noise = None if noise is None else glue.output_rows(noise, eng, head_ops(program.names), len(token_ids), {})
+        glue.choose(eng, values, ainfo)
     elif logits is not None:  # (refused in one line as the run would: nothing else checks it)
         from workbench.trace.logits import resolve
 
@@ -540,6 +545,8 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
             local_errors(report, m, aligned, token_ids, dtype=dtype, dtypes=dtypes,
                          logit_rows=logit_rows_for(compared, len(token_ids), getattr(m, "vocab_size", None)),
                          decode=decode, precision=report.engine_precision)
+        if not is_module_level(m):
+            growth_verdicts(report, m.program, report.engine_precision)
     _precision_warning(report, precision, emeta)
     report.pattern = glue.pattern(report, values, {**aligned, **printed}, m, decode)
     return report

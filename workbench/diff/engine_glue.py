@@ -94,6 +94,47 @@ def adapt(adapter: Adapter | None, eng: dict, order: Sequence[str], model: Any, 
     return out, (info["known"] if known is not None else None), info
 
 
+def choose(eng: dict, ours: Mapping[str, Any], info: dict) -> None:
+    """Put each engine tensor whose name the engine gives several nodes (``info["alternatives"]``:
+    the op it is held under -> the ops it may be) under the op it fits best (lowest nmse over
+    its printed elements, in our layout), and say which in the layout notes."""
+    from workbench.diff.layout import LayoutError, reconcile
+    from workbench.diff.metrics import error_metrics
+    from workbench.diff.report import to_numpy
+
+    for held, cands in list((info.get("alternatives") or {}).items()):
+        v, mask = eng.get(held), (info.get("known") or {}).get(held)
+        if v is None:
+            continue
+        fits = []
+        for c in cands:
+            if c not in ours or (c != held and c in eng):
+                continue
+            r = to_numpy(ours[c])
+            try:
+                e, _ = reconcile(np.asarray(v), r.shape)
+                k = None if mask is None else reconcile(np.asarray(mask), r.shape)[0]
+            except (LayoutError, ValueError):
+                continue
+            m = error_metrics(r if k is None else r[k], e if k is None else e[k])
+            nmse = (m.get("finite") or m)["nmse"]
+            if nmse is not None and np.isfinite(nmse):
+                fits.append((nmse, c))
+        if not fits:
+            continue
+        fits.sort()
+        best = fits[0][1]
+        en = info["engine_names"].pop(held)
+        eng[best] = eng.pop(held)
+        if mask is not None:
+            info["known"][best] = info["known"].pop(held)
+        info["engine_names"][best] = en
+        note = info["notes"].pop(held, None)
+        others = ", ".join(f"{c} {n:.2g}" for n, c in fits[1:])
+        info["notes"][best] = ((note + "; ") if note else "") + (
+            f"{en!r} names several nodes: it fits {best} (nmse {fits[0][0]:.2g})" + (f", not {others}" if others else ""))
+
+
 #: ops that hold the residual stream, one row per position: where the positions are counted
 STREAM = ("embed_tokens",)
 

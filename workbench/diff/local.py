@@ -22,6 +22,10 @@ from workbench.dtypes import dtype_name, parse_dtype
 
 #: at most this many ops are recomputed to stand in for inputs the engine did not dump
 MAX_SEGMENT = 12
+#: where no recompute is possible, an op whose error (nmse against the reference) is this many
+#: times its nearest compared inputs' (or one rounding at its precision) is a finding: 30 dB,
+#: orders of magnitude beyond what an op's amplification of its inputs' error does on clean runs
+GROWTH = 1e3
 
 
 def is_module_level(m) -> bool:
@@ -222,3 +226,31 @@ def local_errors(report: DiffReport, model: Any, aligned: Mapping[str, np.ndarra
     flush()
     return n
 
+
+def growth_verdicts(report: DiffReport, program, precision: rounding.EnginePrecision | None) -> int:
+    """Judge the compared ops that got no local error (their inputs neither dumped nor
+    recomputable) by their error's growth over their nearest compared inputs' (rule
+    ``"growth"``): beyond :data:`GROWTH` x is a finding.  Returns how many were judged."""
+    by = {o.op: o for o in report.ops if o.compared and o.nmse is not None and np.isfinite(o.nmse)}
+    n = 0
+    for od in report.ops:
+        if od.op not in by or od.local_rule is not None or od.op not in program:
+            continue
+        seen, frontier, anc = set(), list(program[od.op].inputs), []
+        while frontier and len(seen) < MAX_SEGMENT:
+            src = frontier.pop()
+            if src in seen:
+                continue
+            seen.add(src)
+            if src in by:
+                anc.append(by[src].nmse)
+            elif src in program:
+                frontier.extend(program[src].inputs)
+        if not anc:
+            continue
+        p = precision.of(od.op) if precision is not None else "float32"
+        g = od.nmse / max(max(anc), rounding.floor_power(p))
+        od.precision, od.ratio, od.local_rule = p, g, "growth"
+        od.local_diverged = bool(g > GROWTH)
+        n += 1
+    return n

@@ -36,6 +36,9 @@ class DiffError(ValueError):
 
 def _local(o: "OpDiff") -> str:
     """The local error in words: its nmse, or what its NaN means."""
+    if o.local_rule == "growth":
+        return (f"its error grew {o.ratio:.3g}x over its nearest compared inputs' (nmse {o.nmse:.3g}; its inputs "
+                "were not dumped and could not be recomputed, so the growth decides)")
     x = o.local_nmse
     if x is not None and not math.isnan(x):
         if o.local_rule == "budget" and o.ratio is not None:
@@ -306,6 +309,8 @@ class DiffReport:
             fl = self.first_local_divergence
             if fl is None:
                 return None
+            if fl.local_rule == "growth":
+                return f"no op is beyond tolerance, but at {fl.op} {_local(fl)}; look at this op"
             return (f"no op is beyond tolerance, but {fl.op} is computed differently: fed the engine's own "
                     f"inputs, our op does not reproduce the engine's output ({_local(fl)}, "
                     f"cosine {fl.local_cosine:.6g}); look at this op")

@@ -2,7 +2,9 @@
 
 Each adapter is a JSON file here (``transformers.json``, ``llama_cpp.json``): rules matched
 against the whole engine name, first match wins, each naming the op (``\\1``: a group;
-``\\L1``: a group lowercased; ``""``: dropped on purpose, with ``why``), optionally only
+``\\L1``: a group lowercased; ``""``: dropped on purpose, with ``why``; a list: a name the
+engine gives several nodes, compared with each op of the list the program has and kept
+where it fits best, :func:`workbench.diff.engine_glue.choose`), optionally only
 ``when`` an op is in the reference's program or ``unless`` it is; plus layout notes the
 diff applies (llama.cpp's per-head Q/K row permutation, its padded key axis).
 
@@ -16,6 +18,7 @@ itself, so ``--engine`` may be left out for them.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,8 +52,9 @@ class Adapter:
         return _GROUP.sub(lambda g: (m.group(int(g.group(2))) or "").lower() if g.group(1)
                           else (m.group(int(g.group(2))) or ""), rep)
 
-    def op_for(self, name: str, ops: set) -> tuple[str | None, str | None]:
-        """(our op, why) for one engine name: an op name, "" (dropped: why says why), or None (no rule)."""
+    def op_for(self, name: str, ops: set) -> tuple[str | list | None, str | None]:
+        """(our op, why) for one engine name: an op name, "" (dropped: why says why), None (no
+        rule), or the list of ops of ours it may be (those in ``ops``; one of them: that op)."""
         base = re.sub(self.strip, "", name, count=1) if self.strip else name
         for r in self.rules:
             m = r["_rx"].fullmatch(base)
@@ -60,6 +64,9 @@ class Adapter:
                 continue
             if "unless" in r and self._expand(r["unless"], m) in ops:
                 continue
+            if isinstance(r["op"], list):
+                cands = [c for c in (self._expand(o, m) for o in r["op"]) if c in ops]
+                return (cands[0] if len(cands) == 1 else cands or None), r.get("why")
             return self._expand(r["op"], m), r.get("why")
         return None, None
 
@@ -69,13 +76,19 @@ class Adapter:
         says how).  Returns (the renamed mapping: op -> array, unmatched names kept as they are;
         info): info["engine_names"] op -> engine name, info["dropped"] {engine name: why},
         info["unmatched"] engine names no rule knows, info["known"] the printed-element masks
-        under the new names, info["notes"] op -> the layout step taken."""
+        under the new names, info["notes"] op -> the layout step taken, info["alternatives"]
+        op -> the ops a name of several nodes may be (held under the first free one until
+        :func:`workbench.diff.engine_glue.choose` picks)."""
         ops = set(order)
         out: dict = {}
-        info = {"engine_names": {}, "dropped": {}, "unmatched": [], "known": {}, "notes": {}}
+        info = {"engine_names": {}, "dropped": {}, "unmatched": [], "known": {}, "notes": {}, "alternatives": {}}
+        later = []  # (a name of several nodes waits for the names of one node to take theirs)
         perm_rx = re.compile(self.permuted["ops"]) if self.permuted and family in self.permuted.get("families", ()) else None
         for en, v in eng.items():
             op, why = self.op_for(en, ops)
+            if isinstance(op, list):
+                later.append((en, v, op))
+                continue
             if op is None or (op and op not in ops):
                 if en in info["engine_names"]:  # a matched tensor holds our op of this name
                     info["dropped"][en] = f"no rule; its name is our op {en!r}, which {info['engine_names'][en]!r} gives"
@@ -104,6 +117,22 @@ class Adapter:
             if k is not None:
                 info["known"][op] = k
             info["engine_names"][op] = en
+        for en, v, cands in later:
+            free = [c for c in cands if c not in info["engine_names"] and c not in out]
+            if not free:
+                info["dropped"][en] = f"the ops it may be ({', '.join(cands)}) have their own tensors"
+                continue
+            k = None if known is None else known.get(en)
+            if perm_rx is not None and head_dim and all(perm_rx.match(c) for c in free) and v.shape[-1] % head_dim == 0:
+                v = unpermute_rope_rows(v, head_dim)
+                k = None if k is None else unpermute_rope_rows(k, head_dim)
+                info["notes"][free[0]] = f"rows put back from GGUF's per-head rope permutation (head_dim {head_dim})"
+            out[free[0]] = v
+            info["engine_names"][free[0]] = en
+            if k is not None:
+                info["known"][free[0]] = k
+            if len(free) > 1:
+                info["alternatives"][free[0]] = free
         return out, info
 
     def cuts_keys(self, op: str) -> bool:
@@ -121,7 +150,7 @@ def cut_keys(eng: np.ndarray, ref_shape, known: np.ndarray | None = None):
     """An attention-probability tensor whose key axis holds the cache's n_kv (padded) cells:
     the first S (ours), when the cells cut are all zero (never attended).  (array, known, note) or None."""
     S = ref_shape[-1]
-    if eng.ndim < 1 or eng.shape[-1] <= S or eng.size // eng.shape[-1] != int(np.prod(ref_shape[:-1])):
+    if eng.ndim < 1 or eng.shape[-1] <= S or eng.size // eng.shape[-1] != math.prod(int(n) for n in ref_shape[:-1]):
         return None
     rest = eng[..., S:]
     ok = rest[np.isfinite(rest)] if known is None else rest[known[..., S:] & np.isfinite(rest)]
