@@ -49,7 +49,7 @@ def test_no_clean_run_is_flagged(ckpt, case):
     if r.engine_precision is not None:  # (llama.cpp's printed text: no values to read a precision from)
         assert r.engine_precision.engine == case["engine_dtype"] and r.engine_precision.source == "values"
         judged = [o.ratio for o in r.ops if o.local_rule == "budget"]
-        assert judged and max(judged) < budget.FACTOR / 3  # (calibration: the largest is 6.4)
+        assert judged and max(judged) < budget.FACTOR / 2  # (calibration: the largest is 6.4)
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c["bug"] not in CLEAN], ids=lambda c: c["file"])

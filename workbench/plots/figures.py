@@ -98,7 +98,17 @@ def error_curve(report: Any, metrics: Sequence[str] | None = None, title: str | 
         else:
             ax.axhline(1 - tol.min_cosine, color=colors[m], ls=":", lw=1,
                        label=f"1-cosine tolerance {1 - tol.min_cosine:.3g}")
-    if "local-nmse" in metrics and hasattr(tol, "local_max_nmse"):
+    budgeted = [o for o in ops if getattr(o, "local_rule", None) == "budget"]
+    if "local-nmse" in metrics and budgeted:  # each op's rounding budget: the band up to FACTOR x it
+        from workbench.diff.budget import FACTOR, floor_power
+
+        bx = np.array([o.index for o in budgeted])
+        lo_ = np.array([max(o.budget_power or 0.0, floor_power(o.precision)) for o in budgeted])
+        ax.fill_between(bx, lo_, FACTOR * lo_, step="mid", color="tab:gray", alpha=0.18, lw=0,
+                        label=f"rounding budget .. {FACTOR:g}x (each op at its precision)")
+        ax.plot(bx, [o.local_power for o in budgeted], ls="none", marker="_", ms=7, color="black",
+                label="local error power (MSE / mean exact^2)")
+    elif "local-nmse" in metrics and hasattr(tol, "local_max_nmse"):
         ax.axhline(tol.local_max_nmse, color=colors["local-nmse"], ls=":", lw=1,
                    label=f"local nmse tolerance {tol.local_max_nmse:g}")
     bad = [o for o in ops if o.status in ("shape", "ambiguous")]
