@@ -203,3 +203,25 @@ def test_another_position_count_is_one_line_naming_both(ckpt, tmp_path, capsys):
     assert main(["diff", ckpt["llama"], path, "--engine", "transformers", "--ids", "3,17,42,7,99"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "holds 7 positions' values" in err[0] and "5" in err[0] and "--decode" in err[0]
+
+
+# ------------------------------------------------------------------ shown where people look
+
+def test_plot_and_diffview_show_the_budget(ckpt):
+    from workbench.plots import error_curve
+    from workbench.widgets import DiffView
+
+    eng, ids = dump("llama_bf16_down")
+    r = compare(ckpt["llama"], eng, ids=ids, engine_adapter="transformers")
+    ax = error_curve(r).axes[0]
+    labels = [h.get_label() for h in ax.get_legend_handles_labels()[0]]
+    assert any(lbl.startswith(f"rounding budget .. {budget.FACTOR:g}x") for lbl in labels), labels
+    assert any("first local divergence: layers.1.mlp.down_proj" in lbl for lbl in labels), labels
+    v = DiffView(r)
+    assert "local-nmse" in v.metrics.value and "engine precision: float32" in v.summary.value
+    v.show("layers.1.mlp.down_proj")
+    html = "".join(o.get("data", {}).get("text/html", "") for o in v.detail.outputs)
+    assert "x budget" in html and "budget rule: beyond" in html and "rounding budget" in html
+    v.show("layers.1.mlp.up_proj")
+    html = "".join(o.get("data", {}).get("text/html", "") for o in v.detail.outputs)
+    assert "budget rule: within" in html

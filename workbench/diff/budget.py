@@ -44,6 +44,11 @@ BITS = {"bfloat16": 8, "float16": 11, "float32": 24, "float64": 53}
 FINER = {"bfloat16": "float32", "float16": "float32", "float32": "float64"}
 #: an op is beyond its rounding when its local error exceeds FACTOR x its budget
 FACTOR = 16.0
+#: where no recompute is possible (inputs neither dumped nor recomputable: llama.cpp's printed
+#: text), an op whose error (nmse against the reference) is this many times its nearest compared
+#: inputs' is a finding: 30 dB, orders of magnitude beyond what one op's amplification of its
+#: inputs' error does on clean runs (real llama.cpp dumps: at most 22x; a wrong RoPE base: 2e6x)
+GROWTH = 1e3
 #: fewer finite values than this say nothing of a tensor's precision
 MIN_VALUES = 16
 
@@ -169,11 +174,15 @@ def engine_precision(tensors: Mapping[str, np.ndarray], kinds: Mapping[str, str]
     return EnginePrecision(_majority(counts) or "float32", "values", counts, by_kind, dict(kinds))
 
 
+def limit(budget_power: float | None, precision: str) -> float:
+    """The local error power an op at ``precision`` may reach: FACTOR x its budget, floored."""
+    budget = budget_power if budget_power is not None and not math.isnan(budget_power) else 0.0
+    return FACTOR * max(budget, floor_power(precision))
+
+
 def judge(local_power: float | None, budget_power: float | None, precision: str) -> tuple[float | None, bool]:
     """(ratio of the local error to the budget, beyond it?) for one op at ``precision``."""
     if local_power is None or math.isnan(local_power):
         return None, False
-    budget = max(budget_power if budget_power is not None and not math.isnan(budget_power) else 0.0,
-                 floor_power(precision))
-    ratio = local_power / budget
+    ratio = local_power / (limit(budget_power, precision) / FACTOR)
     return ratio, ratio > FACTOR

@@ -22,10 +22,6 @@ from workbench.dtypes import dtype_name, parse_dtype
 
 #: at most this many ops are recomputed to stand in for inputs the engine did not dump
 MAX_SEGMENT = 12
-#: where no recompute is possible, an op whose error (nmse against the reference) is this many
-#: times its nearest compared inputs' (or one rounding at its precision) is a finding: 30 dB,
-#: orders of magnitude beyond what an op's amplification of its inputs' error does on clean runs
-GROWTH = 1e3
 
 
 def is_module_level(m) -> bool:
@@ -188,6 +184,7 @@ def local_errors(report: DiffReport, model: Any, aligned: Mapping[str, np.ndarra
                 if not b["nonfinite"]:  # (an honest run that overflows tells no budget)
                     od.precision, od.budget_power = p, b["nmse_power"]
                     od.ratio, beyond = rounding.judge(m["nmse_power"], b["nmse_power"], p)
+                    od.limit_power = rounding.limit(b["nmse_power"], p)
                     od.local_rule = "budget"
                     fixed = bool(m["nonfinite_new"] or m.get("nonfinite_ref_only")) or beyond
             od.local_diverged = fixed
@@ -231,7 +228,7 @@ def local_errors(report: DiffReport, model: Any, aligned: Mapping[str, np.ndarra
 def growth_verdicts(report: DiffReport, program, precision: rounding.EnginePrecision | None) -> int:
     """Judge the compared ops that got no local error (their inputs neither dumped nor
     recomputable) by their error's growth over their nearest compared inputs' (rule
-    ``"growth"``): beyond :data:`GROWTH` x is a finding.  Returns how many were judged."""
+    ``"growth"``): beyond :data:`workbench.diff.budget.GROWTH` x is a finding.  Returns how many were judged."""
     by = {o.op: o for o in report.ops if o.compared and o.nmse is not None and np.isfinite(o.nmse)}
     n = 0
     for od in report.ops:
@@ -252,6 +249,6 @@ def growth_verdicts(report: DiffReport, program, precision: rounding.EnginePreci
         p = precision.of(od.op) if precision is not None else "float32"
         g = od.nmse / max(max(anc), rounding.floor_power(p))
         od.precision, od.ratio, od.local_rule = p, g, "growth"
-        od.local_diverged = bool(g > GROWTH)
+        od.local_diverged = bool(g > rounding.GROWTH)
         n += 1
     return n

@@ -87,6 +87,7 @@ class OpDiff:
     precision: str | None = None
     local_power: float | None = None
     budget_power: float | None = None
+    limit_power: float | None = None  # the local error power this op may reach (FACTOR x its floored budget)
     ratio: float | None = None
     local_rule: str | None = None
     recomputed: list = field(default_factory=list)
@@ -130,7 +131,8 @@ class OpDiff:
             "local_max_abs": _num(self.local_max_abs), "local_diverged": self.local_diverged,
             "precision": self.precision, "local_power": _num(self.local_power),
             "local_sqnr_db": _num(sqnr_db(self.local_power)), "budget_power": _num(self.budget_power),
-            "budget_sqnr_db": _num(sqnr_db(self.budget_power)), "ratio": _num(self.ratio),
+            "budget_sqnr_db": _num(sqnr_db(self.budget_power)), "limit_power": _num(self.limit_power),
+            "ratio": _num(self.ratio),
             "local_rule": self.local_rule, "recomputed": list(self.recomputed),
             # per-position errors: always for ops off tolerance, for the others up to 512 tokens
             "position_error": (None if self.position_error is None

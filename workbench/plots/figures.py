@@ -98,14 +98,13 @@ def error_curve(report: Any, metrics: Sequence[str] | None = None, title: str | 
         else:
             ax.axhline(1 - tol.min_cosine, color=colors[m], ls=":", lw=1,
                        label=f"1-cosine tolerance {1 - tol.min_cosine:.3g}")
-    budgeted = [o for o in ops if getattr(o, "local_rule", None) == "budget"]
-    if "local-nmse" in metrics and budgeted:  # each op's rounding budget: the band up to FACTOR x it
-        from workbench.diff.budget import FACTOR, floor_power
-
+    budgeted = [o for o in ops if getattr(o, "local_rule", None) == "budget" and o.limit_power is not None]
+    if "local-nmse" in metrics and budgeted:  # each op's rounding budget: the band up to its limit
+        factor = (report.engine_precision.to_dict() if report.engine_precision is not None else {}).get("factor", 1.0)
         bx = np.array([o.index for o in budgeted])
-        lo_ = np.array([max(o.budget_power or 0.0, floor_power(o.precision)) for o in budgeted])
-        ax.fill_between(bx, lo_, FACTOR * lo_, step="mid", color="tab:gray", alpha=0.18, lw=0,
-                        label=f"rounding budget .. {FACTOR:g}x (each op at its precision)")
+        hi_ = np.array([o.limit_power for o in budgeted])
+        ax.fill_between(bx, hi_ / factor, hi_, step="mid", color="tab:gray", alpha=0.18, lw=0,
+                        label=f"rounding budget .. {factor:g}x (each op at its precision)")
         ax.plot(bx, [o.local_power for o in budgeted], ls="none", marker="_", ms=7, color="black",
                 label="local error power (MSE / mean exact^2)")
     elif "local-nmse" in metrics and hasattr(tol, "local_max_nmse"):

@@ -15,6 +15,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from workbench.diff.budget import FACTOR, GROWTH
 from workbench.dtypes import BF16_MAX, FP16_MAX  # noqa: F401  (the widgets read them from here)
 from workbench.stats_schema import MEANING, SUMMARY
 
@@ -150,6 +151,11 @@ GLOSSARY = {
     "max_abs": "largest absolute difference |engine − reference| over all elements",
     "max_rel": "largest relative difference |engine − reference| / |reference| (where the reference is not ~0)",
     "local nmse": "nmse of our op run on the engine's own inputs: is this op wrong, or only its inputs?",
+    "local-nmse": "nmse of our op run on the engine's own inputs, and each op's rounding budget (band)",
+    "budget": "how far an honest implementation at the engine's precision lands from the exact op, on the "
+              "engine's own inputs (error power: MSE / mean(exact²))",
+    "x budget": f"local error / rounding budget: beyond {FACTOR:g}x (the budget rule) or, where nothing could be "
+                f"recomputed, the error's growth over its inputs' beyond {GROWTH:g}x (the growth rule) is a finding",
     "ref": "reference (our op program / the reference implementation)",
     "cb": "command buffer: the engine's batch of dispatches submitted together",
     "raw": "read after write: a read that may see a write it was not ordered after",

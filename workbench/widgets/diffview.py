@@ -20,7 +20,7 @@ from workbench.widgets._actions import Actions
 from workbench.widgets.saved import text_form
 from workbench.widgets._render import GLOSSARY, abbr, figure_png, fmt, glossary, table
 
-METRICS = ("nmse", "1-cosine", "max_abs", "max_rel")
+METRICS = ("nmse", "1-cosine", "max_abs", "max_rel", "local-nmse")
 
 
 class DiffView(W.VBox):
@@ -46,6 +46,9 @@ class DiffView(W.VBox):
         if hasattr(report, "coverage_text") and not (fd is None and low):
             head += "<br>coverage: " + html.escape(report.coverage_text()) + (
                 "" if not low else " <b style='color:#b60'>(too little of the dump to vouch for the rest)</b>")
+        precision = getattr(report, "engine_precision", None)
+        if precision is not None:
+            head += "<br>" + html.escape(precision.text())
         if report.unmatched_engine:
             head += f"<br>{len(report.unmatched_engine)} engine tensors match no op: " + html.escape(
                 ", ".join(report.unmatched_engine[:8]) + (" ..." if len(report.unmatched_engine) > 8 else ""))
@@ -53,7 +56,9 @@ class DiffView(W.VBox):
             head += f"<br>{len(report.unmatched_reference)} of our ops have no engine tensor"
         self.summary = W.HTML(head)
         self.summary.add_class("wb-diff-summary")
-        self.metrics = W.SelectMultiple(options=METRICS, value=("nmse", "1-cosine"), rows=4, description="metrics",
+        budgeted = any(getattr(o, "local_rule", None) == "budget" for o in report.ops)
+        self.metrics = W.SelectMultiple(options=METRICS, value=("nmse", "1-cosine") + (("local-nmse",) if budgeted else ()),
+                                        rows=5, description="metrics",
                                         tooltip="; ".join(f"{m}: {GLOSSARY[m]}" for m in METRICS))
         self.legend = W.HTML("<div style='color:#555;font-size:90%'>" + "<br>".join(
             f"{abbr(m)}: {html.escape(GLOSSARY[m])}" for m in METRICS) + "</div>")
@@ -108,6 +113,15 @@ class DiffView(W.VBox):
         if o.nonfinite_ref or o.nonfinite_engine:
             rows.append((("html", f"non-finite ({abbr('NaN')}, {abbr('+inf', '±inf')}) {abbr('ref')} / engine"),
                          f"{o.nonfinite_ref} / {o.nonfinite_engine}"))
+        if getattr(o, "local_rule", None) is not None:
+            rows.append((("html", abbr("local nmse")), fmt(o.local_nmse, ".3g")))
+            if o.local_rule == "budget":
+                rows.append((("html", abbr("budget", "rounding budget")),
+                             f"{fmt(o.budget_power, '.3g')} at {o.precision} (local error power {fmt(o.local_power, '.3g')})"))
+            rows.append((("html", abbr("x budget")), f"{fmt(o.ratio, '.3g')} ({o.local_rule} rule: "
+                         + ("beyond" if o.local_diverged else "within") + ")"))
+            if o.recomputed:
+                rows.append(("recomputed", ", ".join(o.recomputed)))
         for r in o.reasons:
             rows.append(("why", r))
         ins = self.report.inputs.get(o.op, ())
