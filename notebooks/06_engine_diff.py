@@ -134,20 +134,26 @@ report = compare(model, work / "engine.npz", ids=ids, rules=work / "rules.json",
 print(report.summary(max_ops=12))
 
 # %%
-fd = report.first_divergence
+fd, fl = report.first_divergence, report.first_local_divergence
 print("first divergence:", fd.op, "| its inputs:", report.first_divergence_dict()["inputs"])
+print(f"first op wrong on the engine's own inputs: {fl.op} ({fl.ratio:.0f} x its {fl.precision} rounding; "
+      f"recomputed: {', '.join(fl.recomputed)})")
 
 # %% [markdown]
-# The first divergence is an MLP activation (`mlp.act`), and its inputs (`gate_proj`,
-# `up_proj`) were not dumped, so the report cannot yet say whether they were fine: the next
-# step would be to dump them too. Everything before it — norms, attention outputs, residual
-# adds — matched within bfloat16's rounding.
+# The first divergence is an MLP activation (`mlp.act`). Its inputs (`gate_proj`, `up_proj`)
+# were not dumped, so the diff recomputed them from the nearest tensors the engine did dump
+# (`ffn_inp`, the residual after attention) through our program, and fed that to our
+# activation: the engine's output is far from it. Everything before it — norms, attention
+# outputs, residual adds — matched within bfloat16's rounding.
 #
 # Look closely, though: the *first* layer's activation is computed with the same wrong
-# function, yet it passed. Its values are small, where SiLU and GELU differ little, so its
-# error stayed under the default tolerance (NMSE ≤ 0.01). The error curve shows the whole run:
-# a floor of bfloat16 rounding noise, then a spike at every layer's activation, carried on by
-# the residual stream.
+# function. Its values are small, where SiLU and GELU differ little, so its error stayed under
+# the default tolerance (NMSE ≤ 0.01) — but not under its own **rounding budget**: fed the
+# engine's own inputs, it lands over a hundred times further from the exact op than an honest
+# bfloat16 activation does, so the diff names it as the first op wrong on its own inputs
+# (section "Rounding or a bug?" below). The error curve shows the whole run: a floor of
+# bfloat16 rounding noise, then a spike at every layer's activation, carried on by the
+# residual stream; the black dashes are each op's local error, the gray band its budget.
 
 # %%
 plots.error_curve(report)
@@ -185,11 +191,13 @@ print("every op within 1e-3 NMSE of the reference:", max(o.nmse for o in fixed.o
 # %% [markdown]
 # ## Tolerance and the noise floor
 #
-# The default tolerance (cosine ≥ 0.995, NMSE ≤ 0.01) lets a bfloat16 engine pass on small
-# models while catching the usual bugs — but, as we just saw, it can miss a bug where values
-# are small. `noise_floor="bfloat16"` runs our reference in bfloat16 *too* and holds each op to
-# a multiple (10×) of the error our own bfloat16 run has at that op: a much tighter, per-op
-# limit. It finds the bug where it first happens, in layer 0:
+# The default tolerance (cosine ≥ 0.995, NMSE ≤ 0.01) on the error against the reference lets
+# a bfloat16 engine pass on small models while catching the usual bugs — but, as we just saw,
+# it can miss a bug where values are small; the local rounding budget caught it. The error
+# against the reference has a per-op limit too: `noise_floor="bfloat16"` runs our reference in
+# bfloat16 *as well* and holds each op to a multiple (10×) of the error our own bfloat16 run
+# has at that op (a second forward, for ops whose inputs were not dumped at all). It also
+# finds the bug where it first happens, in layer 0:
 
 # %%
 strict = compare(model, work / "engine.npz", ids=ids, rules=rules, noise_floor="bfloat16")
@@ -249,6 +257,47 @@ print("pattern:", real.pattern["pattern"], "-", real.pattern["text"])
 # attention scale, a logit softcap, a matmul accumulated in bfloat16, a decode step's position
 # off by one) are each found at their own op the same way; a decode step (one token through the
 # engine's KV cache) is compared with our full forward's row at that position.
+
+# %% [markdown]
+# ## Rounding or a bug? Each op against its own rounding
+#
+# An engine in bfloat16 is never equal to a float32 reference: every op rounds. The fixed
+# limits above (NMSE ≤ 0.01) are sized for that, so they let small real bugs through, and an
+# engine in float32, off by ~10⁻¹⁴ when right, would hide a bug a million times its rounding.
+# So each op with dumped inputs is recomputed on **the engine's own inputs** twice: exactly
+# (in a finer format), and honestly at the engine's precision (inputs and weights rounded to
+# it). How far the honest recompute lands is that op's **rounding budget**; an op whose engine
+# output is more than 16× its budget away is a finding — whatever the fixed limits say. The
+# precision is read from the values (a bfloat16 engine's values all fit bfloat16); a dump's
+# metadata or `--engine-dtype` can say it instead.
+#
+# Two transformers engines in bfloat16 on a tiny Llama, dumped as plain hooks dump them
+# (`tests/data/engines/precision`): one right, one whose layer-1 input norm uses eps 0.1
+# instead of 10⁻⁶ — wrong by a little.
+
+# %%
+precision_dumps = REPO / "tests" / "data" / "engines" / "precision"
+llama = write_checkpoint(work / "llama", ARCHS / "llama")
+right = compare(str(llama), precision_dumps / "llama_bf16_clean.safetensors")
+wrong = compare(str(llama), precision_dumps / "llama_bf16_rms_eps.safetensors")
+print(right.engine_precision.text())
+for name, r in (("right", right), ("wrong", wrong)):
+    worst = max((o for o in r.ops if o.ratio is not None), key=lambda o: o.ratio)
+    print(f"{name:5}: {r.outcome:13} | first divergence: {r.first_divergence} | largest ratio "
+          f"{worst.ratio:.3g} x budget, at {worst.op}")
+o = wrong["layers.1.input_layernorm"]
+print(f"the wrong norm: NMSE against the reference {o.nmse:.2g} (fixed limit 0.01), "
+      f"{o.ratio:.0f} x its {o.precision} rounding on the engine's own inputs")
+
+# %% [markdown]
+# The right engine's worst op sits at about its own rounding (a ratio near 1). The wrong one
+# passes every fixed limit — no first divergence — but at `layers.1.input_layernorm` its
+# output is two hundred times further from the exact op than an honest bfloat16 norm lands:
+# the bug is named where it enters. The curve draws each op's local error (black dashes)
+# against its budget band (gray: from the budget up to 16×), the op beyond it marked:
+
+# %%
+plots.error_curve(wrong)
 
 # %% [markdown]
 # ## Exercises: predict, then check

@@ -193,6 +193,10 @@ print(len(run.outputs), "engine tensors, e.g.", list(run.outputs)[20:23])
 #   variance — and the largest absolute error) are `nan` beside them, never a clean-looking
 #   number; the line below gives them over the elements finite in both: cosine 1, NMSE 0.
 #   The engine's arithmetic is *exact* wherever it produced a number.
+# * **engine precision: bfloat16**, read from the engine's values: each op fed the
+#   engine's own inputs is held to bfloat16's rounding at that op (its *budget*), so a
+#   small arithmetic bug is named where it enters even when the errors stay small
+#   (notebook 06, "Rounding or a bug?").
 # * **where:** tokens 0–13 (all 14) × channels `0-5, 14-26, 28-31, 42-52` (34 of 56). The
 #   scores have shape `[1, heads, query token, key token]`; the diff takes the query token
 #   as the token axis, and channel = head × 14 + key position. So: keys 0–5 for head 0,

@@ -20,8 +20,9 @@ from workbench.diff.metrics import error_metrics, local_diverged
 from workbench.diff.report import DiffReport, to_numpy
 from workbench.dtypes import dtype_name, parse_dtype
 
-#: at most this many ops are recomputed to stand in for inputs the engine did not dump
-MAX_SEGMENT = 12
+#: at most this many ops are recomputed to stand in for inputs the engine did not dump (an
+#: attention block from its layer's input norm: 16 in Gemma 4, with q/k/v norms and caches)
+MAX_SEGMENT = 24
 
 
 def is_module_level(m) -> bool:
@@ -50,19 +51,19 @@ def segment(program, name: str, have) -> list[str] | None:
     in ``have`` (dumped or fed); None when that takes more than :data:`MAX_SEGMENT` ops or an
     input is neither dumped nor made by an op."""
     order: list[str] = []
-    done: set[str] = set()
+    entered: set[str] = set()
 
     def visit(n: str) -> bool:
-        if n in done:
+        if n in entered:
             return True
         if n != name and n in have:
             return True
-        if n not in program or len(order) >= MAX_SEGMENT:
+        if n not in program or len(entered) > MAX_SEGMENT:  # (the op itself is not counted)
             return False
+        entered.add(n)
         for s in program[n].inputs:
             if not visit(s):
                 return False
-        done.add(n)
         order.append(n)
         return True
 

@@ -322,10 +322,13 @@ class DiffReport:
                     f"tokens ({fd.shape[-2] if len(fd.shape) >= 2 else '?'} of them here)?"
                     if n_shape > len(self.ops) // 2 else "")
             return f"{fd.op}: the engine's tensor has another shape ({fd.reasons[0]}){hint}"
-        if fd.local_diverged:
-            return (f"{fd.op} is computed differently: fed the engine's own inputs, our op does not reproduce "
-                    f"the engine's output ({_local(fd)}); look at this op")
         fl = self.first_local_divergence
+        if fd.local_diverged:
+            head = (f"{fd.op} is computed differently: fed the engine's own inputs, our op does not reproduce "
+                    f"the engine's output ({_local(fd)}); look at this op")
+            if fl is not None and fl.index < fd.index:
+                return head + f"; before it, {fl.op} is wrong on its own inputs too ({_local(fl)})"
+            return head
         drift = ("error accumulates (precision), or sits in an op whose inputs were not dumped"
                  + ("" if self.noise_dtype else " (an engine computing in bfloat16/float16: try --noise-floor)"))
         if fd.local_diverged is False:
