@@ -528,11 +528,11 @@ def _drive_diff(lab: _Lab, rng) -> int:
             choices = [i for i in range(n_ops) if [opts[i]] != cur]
             _pick(lab, root, ".wb-diff-op", choices[int(rng.integers(len(choices)))])
         elif what == "metrics":
-            pick = sorted(rng.choice(4, size=int(rng.integers(1, 4)), replace=False).tolist())
+            names = ["nmse", "1-cosine", "max_abs", "max_rel", "local-nmse"]  # (workbench.widgets.diffview.METRICS)
+            pick = sorted(rng.choice(len(names), size=int(rng.integers(1, 4)), replace=False).tolist())
             cur = lab.state()["diff"]["metrics"]
-            names = ["nmse", "1-cosine", "max_abs", "max_rel"]
             if [names[i] for i in pick] == cur:
-                pick = [i for i in range(4) if names[i] not in cur][:1] or [0]
+                pick = [i for i in range(len(names)) if names[i] not in cur][:1] or [0]
             _pick(lab, root, ".wb-diff-metrics", pick)
         else:
             lab.handled(root, lambda: page.locator(f"{root} button.wb-diff-first").click())

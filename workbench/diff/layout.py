@@ -23,6 +23,7 @@ every op so a surprising choice is visible.
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Sequence
 
 import numpy as np
@@ -43,7 +44,7 @@ def _squeeze(shape: Sequence[int]) -> tuple[int, ...]:
 def split_merge_compatible(a: Sequence[int], b: Sequence[int]) -> bool:
     """True when ``a`` becomes ``b`` by splitting/merging adjacent dims (no size-1 dims given)."""
     a, b = list(a), list(b)
-    if int(np.prod(a, dtype=np.int64)) != int(np.prod(b, dtype=np.int64)):
+    if math.prod(map(int, a)) != math.prod(map(int, b)):  # (exact: Python ints)
         return False
     i = j = 0
     while i < len(a) and j < len(b):
@@ -85,9 +86,9 @@ def reconcile(engine: np.ndarray, ref_shape: Sequence[int]) -> tuple[np.ndarray,
     if eshape == ref_shape:
         return engine, ""
     e, r = _squeeze(eshape), _squeeze(ref_shape)
-    if engine.size != int(np.prod(ref_shape, dtype=np.int64)):
+    if engine.size != math.prod(ref_shape):
         raise LayoutError(f"engine shape {list(eshape)} ({engine.size} elements) cannot match ours "
-                          f"{list(ref_shape)} ({int(np.prod(ref_shape, dtype=np.int64))} elements)", "shape")
+                          f"{list(ref_shape)} ({math.prod(ref_shape)} elements)", "shape")
     if e == r:
         return engine.reshape(ref_shape), f"{list(eshape)} -> {list(ref_shape)}: size-1 dims"
     flat = engine.reshape(e)
