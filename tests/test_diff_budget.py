@@ -225,3 +225,44 @@ def test_plot_and_diffview_show_the_budget(ckpt):
     v.show("layers.1.mlp.up_proj")
     html = "".join(o.get("data", {}).get("text/html", "") for o in v.detail.outputs)
     assert "budget rule: within" in html
+
+
+# ------------------------------------------------------------------ quantized checkpoints
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_quantized_checkpoint_format_error_is_in_the_budget_a_dequantization_bug_is_not(dtype):
+    """demo-4bit (affine, 4 bits, groups of 32) run as the engine: clean, since the quantization
+    is the checkpoint's own (both recomputes dequantize as it says; in float32 the quantized
+    matmul has no float64 kernel, so float32 stands for exact and the floor is the budget); the
+    same engine whose layer-1 q_proj dequantizes without the affine biases is named at that op."""
+    import dataclasses
+
+    import mlx.core as mx
+
+    import workbench
+    from workbench.program import Program, execute
+
+    path = str(HERE.parent / "assets" / "demo-4bit")
+    model = workbench.load(path)
+    ids = model.encode("apple river stone cloud tree | apple river stone")
+
+    def wrong_q(ctx, x):
+        W = ctx.weights
+        n = "layers.1.self_attn.q_proj"
+        w = mx.dequantize(W[n + ".weight"], W[n + ".scales"], mx.zeros_like(W[n + ".biases"]),
+                          group_size=32, bits=4)  # (the bug: the biases left out)
+        return x @ w.T.astype(x.dtype)
+
+    def engine(bug):
+        ops = [dataclasses.replace(op, fn=wrong_q) if bug and op.name == "layers.1.self_attn.q_proj" else op
+               for op in model.program.ops]
+        vals = execute(Program(ops, model.program.inputs), model.context(dtype),
+                       model.feeds(mx.array([ids])), keep=lambda n: True)
+        return {k: np.array(v.astype(mx.float32)) for k, v in vals.items() if k in model.program.names}
+
+    clean = compare(path, engine(False), ids=ids)
+    assert clean.clean and clean.engine_precision.engine == dtype
+    assert max(o.ratio for o in clean.ops if o.local_rule == "budget") < budget.FACTOR / 2
+    bad = compare(path, engine(True), ids=ids)
+    fl = bad.first_local_divergence
+    assert fl.op == "layers.1.self_attn.q_proj" and fl.local_rule == "budget" and fl.ratio > 100 * budget.FACTOR
