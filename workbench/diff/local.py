@@ -94,6 +94,13 @@ class _Runs:
             self._ctx[fmt] = c
         return c
 
+    def release(self) -> None:
+        """Forget the weights cast so far (each batch reads its own ops' weights: no model's
+        worth of float64 copies is ever held)."""
+        for fmt, c in self._ctx.items():
+            if fmt is not None:
+                c.weights.release()
+
     def run(self, program, order: list[str], fmt: str | None, feeds, aligned, dtypes):
         """``order``'s last op computed in ``fmt`` (None: the model's own dtypes) from the
         engine's tensors (rounded to it)."""
@@ -191,6 +198,7 @@ def local_errors(report: DiffReport, model: Any, aligned: Mapping[str, np.ndarra
             od.local_diverged = fixed
             n += 1
         pending, pending_bytes = [], 0
+        runs.release()
 
     for od in report.ops:
         if not od.compared or od.op not in aligned or od.op not in program:  # (a module-level dump's names)
