@@ -73,21 +73,36 @@ if _deny:
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
         return _open(path, *a, **k)
     os.open = _guard
-from workbench.cli import main
-sys.exit(main(sys.argv[1:]))
 """
+_CLI_CHILD = _CHILD + "from workbench.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+#: the same child running a snippet of Python (``sys.argv[1]``) instead of the CLI
+_CODE_CHILD = _CHILD + "exec(compile(sys.argv[1], '<repro>', 'exec'), {'__name__': '__repro__'})\n"
 
 
-def run_cli(*args, cwd=None, env=None, deny=None, wall=WALL_S) -> Run:
+def run_cli(*args, cwd=None, env=None, deny=None, wall=WALL_S, safe_path=False) -> Run:
     """``workbench ARGS`` in a child process; its own CPU time (wait4) and peak RSS (its
-    VmHWM at exit; wait4's figure where the child could not report, e.g. killed)."""
+    VmHWM at exit; wait4's figure where the child could not report, e.g. killed).
+    ``safe_path``: the working directory kept off the child's path, as the ``workbench``
+    console script keeps it (``python -c`` puts it first)."""
+    return _run_child(_CLI_CHILD, [str(a) for a in args], cwd, env, deny, wall, f"workbench {' '.join(map(str, args))}",
+                      safe_path)
+
+
+def run_code(code: str, *, cwd=None, env=None, wall=WALL_S) -> Run:
+    """Python ``code`` in a child process (a library call a regression could crash), measured
+    as :func:`run_cli` measures the CLI."""
+    return _run_child(_CODE_CHILD, [code], cwd, env, None, wall, f"python code {code[:200]!r}")
+
+
+def _run_child(child: str, args: list, cwd, env, deny, wall, label: str, safe_path: bool = False) -> Run:
     env = {**os.environ, **(env or {})}
     env.pop("PYTHONWARNINGS", None)
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
             tempfile.TemporaryDirectory() as tmp:
         hwm = os.path.join(tmp, "hwm")
         t0 = time.monotonic()
-        p = subprocess.Popen([sys.executable, "-c", _CHILD, hwm, deny or "", *map(str, args)], stdout=out,
+        flags = (["-P"] if sys.version_info >= (3, 11) else ["-I"]) if safe_path else []
+        p = subprocess.Popen([sys.executable, *flags, "-c", child, hwm, deny or "", *args], stdout=out,
                              stderr=err, stdin=subprocess.DEVNULL, cwd=cwd, env=env)
         hung = False
         while True:
@@ -109,7 +124,7 @@ def run_cli(*args, cwd=None, env=None, deny=None, wall=WALL_S) -> Run:
                 peak_kb = int(f.read())
         r = Run(p.returncode, out.read().decode(errors="replace"), err.read().decode(errors="replace"),
                 ru.ru_utime + ru.ru_stime, peak_kb / 1024, time.monotonic() - t0)
-    assert not hung, f"workbench {' '.join(map(str, args))} still running after {wall} s: {r}"
+    assert not hung, f"{label} still running after {wall} s: {r}"
     return r
 
 

@@ -390,11 +390,12 @@ def test_implausible_layer_count_is_refused_before_building(clean, tmp_path):
     assert [e.code for e in errs] == ["bad-config"] and "'num_hidden_layers'" in errs[0].message
 
 
-def test_unknown_model_type_is_a_warning(clean, tmp_path):
+def test_unknown_model_type_is_an_error(clean, tmp_path):
+    """Nothing builds it, so workbench.load refuses it: inspect never vouches for it (issue 41)."""
     cfg = dict(zr.ARCHS["olmo2"], model_type="no_such_model")
     r = inspect(_write_cfg(tmp_path, cfg, clean("olmo2")))
     bad = [p for p in r.problems if p.code == "bad-config"]
-    assert [p.severity for p in bad] == ["warning"] and "'no_such_model'" in bad[0].message
+    assert [p.severity for p in bad] == ["error"] and "'no_such_model'" in bad[0].message and not r.ok
 
 
 # ------------------------------------------------------------------ real-size configs

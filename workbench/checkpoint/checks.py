@@ -87,12 +87,12 @@ def check_arch(cx: Context, report):
 
 
 def _report_no_arch(cx: Context):
-    """No architecture table: a config.json we cannot read is named (unsupported families warn)."""
+    """No architecture table: a config.json we cannot read is named, an error: whatever
+    ``workbench.load`` cannot build from (an unknown ``model_type`` included) is never
+    vouched for."""
     err = cx.ck.arch_error
     if cx.ck.config_present and err:
-        unsupported = "not a supported family" in err or "not available yet" in err
-        cx.add("bad-config", "warning" if unsupported else "error", err + ("" if unsupported else
-               "; completeness not checked"), file="config.json")
+        cx.add("bad-config", "error", err + "; completeness not checked", file="config.json")
 
 
 def _covered_names(ck):

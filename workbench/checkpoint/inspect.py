@@ -20,6 +20,7 @@ from workbench.checkpoint.checks import Context, check_arch, check_towers, quant
 from workbench.checkpoint.compare import compare
 from workbench.checkpoint.reader import Checkpoint, CheckpointError, Problem, open_checkpoint  # noqa: F401
 from workbench.checkpoint.render import render, render_diff  # noqa: F401  (the CLI's views)
+from workbench.checkpoint.as_loaded import check_as_loaded
 
 CODES = ("missing-tensor", "unexpected-tensor", "shape-mismatch", "dtype-mismatch", "quantization-mismatch",
          "duplicate-tensor", "missing-shard", "index-mismatch", "truncated-file", "bad-header", "path-escape",
@@ -82,6 +83,10 @@ def inspect(path, values: bool = False, *, tensors: bool = False, progress=None,
         report.components = {"language_model": 0, **report.components}
     check_arch(cx, report)
     check_towers(cx)
+    check_as_loaded(cx)  # (where workbench.load opens it at module level: what the reference would refuse)
+    if ck.tokenizer_path is not None and ck.tokenizer() is None and ck.tokenizer_error:  # (read as load reads it)
+        cx.add("bad-config", "warning", f"{ck.tokenizer_error}: prompts must be given as token ids",
+               file="tokenizer.json")
     if not report.quantization:
         report.quantization = quant_summary(ck.quant_config)
     stats = {}

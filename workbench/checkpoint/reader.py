@@ -131,9 +131,10 @@ class Checkpoint:
         cp = self.root / "config.json"
         self.config_present = False
         if not os.path.lexists(cp):
-            self.problems.append(Problem("bad-config", "warning" if self.path.is_file() else "error",
+            self.problems.append(Problem("bad-config", "error",
                                          f"no config.json in {self.root.name or self.root}: completeness "
-                                         "cannot be checked", file="config.json"))
+                                         "cannot be checked, and workbench.load cannot build a model without it",
+                                         file="config.json"))
             return {}
         try:  # a config we cannot read at all (FIFO, device, permissions, over the cap) is unusable input
             raw = read_bytes(cp, MAX_CONFIG, str(cp))
@@ -292,7 +293,7 @@ class Checkpoint:
                 n.endswith(".gate_up_proj") for n in self.tensors):
             self.layout = "mlx"  # Gemma 3n: mlx-lm keeps the Hugging Face names (model.language_model.*)
         tp = self.root / "tokenizer.json"
-        self.tokenizer_path, self.tokenizer_error = None, None
+        self.tokenizer_path, self.tokenizer_error, self._tokenizer = None, None, None
         if os.path.lexists(tp):  # a regular file of bounded size only (it is read whole when loaded)
             try:
                 size = check_regular(tp, "tokenizer.json").st_size
@@ -303,6 +304,19 @@ class Checkpoint:
             except InputFileError as e:
                 self.tokenizer_error = str(e)
                 self.problems.append(Problem("bad-config", "warning", str(e), file="tokenizer.json"))
+
+    def tokenizer(self):
+        """tokenizer.json as the ``tokenizers`` library reads it (parsed once, as loading and
+        inspect both read it), or None: none there, refused when opened, or unparseable --
+        then ``tokenizer_error`` says why in one line naming the file."""
+        if self._tokenizer is None and self.tokenizer_path is not None and self.tokenizer_error is None:
+            from tokenizers import Tokenizer
+            try:
+                self._tokenizer = Tokenizer.from_file(str(self.tokenizer_path))
+            except Exception as e:  # noqa: BLE001 - the library raises a bare Exception for a bad file
+                msg = " ".join(str(e).split())[:200] or type(e).__name__
+                self.tokenizer_error = f"tokenizer.json cannot be read by the tokenizers library: {msg}"
+        return self._tokenizer
 
     def _check_index(self):
         if self.index is None:

@@ -180,6 +180,9 @@ def build_model(config: Mapping, library: str | None = None, *, placeholders: bo
         _check_types(cfg, args_cls, who)
         with no_allocation() if placeholders else contextlib.nullcontext():
             model = mod.Model(args_cls.from_dict(cfg)) if lib == "mlx_lm" else _build_vlm(mod, cfg)
+        if lib == "mlx_lm":  # what loading corrects in mlx-lm's model, or refuses (ConfigError), as loading does
+            from workbench.reference import corrections
+            corrections.correct(model, name, config)
     except ConfigError:
         raise
     except registry.MissingExtra:
@@ -191,6 +194,18 @@ def build_model(config: Mapping, library: str | None = None, *, placeholders: bo
         raise ConfigError(f"config.json: {who} cannot build a model from it ({type(e).__name__}"
                           f"{': ' + msg if msg else ''}){_suspects(cfg, args_cls)}") from None
     return lib, name, model
+
+
+def check_config(config: Mapping, library: str, name: str) -> None:
+    """What :func:`build_model` refuses in a config before building, for a loader that builds
+    by itself (``workbench.load`` at module level): a number implausibly large, a value of
+    the wrong JSON type for a field the reference reads.  ConfigError, in the sentence
+    inspect reports."""
+    _check_numbers(config)
+    cfg = reference_config.normalise(config, library, name).config
+    mod = registry.import_reference(library, name)
+    _check_types(cfg, mod.ModelArgs if library == "mlx_lm" else mod.ModelConfig,
+                 f"{library.replace('_', '-')}'s {name}")
 
 
 def _suspects(cfg: dict, args_cls) -> str:

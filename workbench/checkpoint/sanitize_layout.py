@@ -51,7 +51,9 @@ def _natural(name: str):
     return [int(t) if t.isdigit() else t for t in name.split(".")]
 
 
-def _placeholder(shape, dtype):
+def placeholder(shape, dtype):
+    """A stand-in for a stored tensor of ``shape`` and safetensors ``dtype``: broadcast zeros,
+    nothing real-size allocated."""
     import mlx.core as mx
 
     return zeros(shape, getattr(mx, _PLACEHOLDER_DTYPES.get(dtype, "float32")))
@@ -274,7 +276,7 @@ def _repair(model, ph, stored, lay: Layout, who: str) -> Layout | None:
             like = sibs.get(_pattern(m))
             if not like:
                 return None
-            cur[m] = _placeholder(*stored[like[0]])
+            cur[m] = placeholder(*stored[like[0]])
             filled.add(m)
             fixes.append(("missing-tensor", f"{m} is missing: {lay.error}", m))
             lay = _sanitize_once(model, cur, who, stored)
@@ -284,7 +286,7 @@ def _repair(model, ph, stored, lay: Layout, who: str) -> Layout | None:
             if spent > SANITIZE_BUDGET:
                 return None
             trial = dict(cur)
-            trial[n] = _placeholder(shape, stored[n][1])
+            trial[n] = placeholder(shape, stored[n][1])
             t = _sanitize_once(model, trial, who, stored)
             spent += len(trial)
             if t.error != lay.error:
@@ -323,7 +325,7 @@ def _fill_holes(model, ph, stored, lay: Layout, who: str, expected=None, tries: 
         m = ".".join(pre + (str(gap[0]),) + post)
         like = ".".join(pre + (str(min(idx)),) + post)
         cur = dict(ph)
-        cur[m] = _placeholder(*stored[like])
+        cur[m] = placeholder(*stored[like])
         t = _sanitize_once(model, cur, who, stored)
         if t.error is None and sum(1 for s in ph if s in stored and s not in t.consumed) < len(kept):
             t.repairs = lay.repairs + [("missing-tensor", f"{m} is missing: its siblings {like} ... are stored, "
@@ -353,7 +355,7 @@ def sanitized_layout(config: Mapping, stored: Mapping, expected=None) -> Layout:
     if not hasattr(model, "sanitize"):
         return Layout()
     who = f"{lib.replace('_', '-')}'s {name}"
-    ph = {n: _placeholder(shape, dtype) for n, (shape, dtype) in stored.items()}
+    ph = {n: placeholder(shape, dtype) for n, (shape, dtype) in stored.items()}
     out = _sanitize_once(model, ph, who, stored)
     if out.error is None:
         return _fill_holes(model, ph, stored, out, who, expected)

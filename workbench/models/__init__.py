@@ -107,11 +107,7 @@ def load_model(path, dtype=None, granularity="auto", library=None, attention="fu
     programs = Programs(lambda explicit, queries, prune: mod.build(cfg, Builder(ck, names, explicit, queries, prune)),
                         cfg.num_hidden_layers)
     program = programs.get(attention)
-    tok = None
-    tok_path = getattr(ck, "tokenizer_path", None)
-    if tok_path and os.path.exists(tok_path):
-        from tokenizers import Tokenizer
-        tok = Tokenizer.from_file(str(tok_path))
+    tok = ck.tokenizer()  # (None when there is none or it cannot be read: ck.tokenizer_error says why)
     where = dict(tokenizer=tok, windows=mod.windows(cfg),
                  path=str(path) if isinstance(path, (str, os.PathLike)) else None)
     if memory_budget is None:

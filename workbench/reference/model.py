@@ -14,7 +14,6 @@ op programs cast float tensors), each instrumented once.
 from __future__ import annotations
 
 import copy
-import os
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -22,7 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from workbench import registry
-from workbench.checkpoint import layouts, reference_config
+from workbench.checkpoint import layouts, reference_arch, reference_config
 from workbench.reference import corrections
 from workbench.dtypes import dtype_name, parse_dtype
 from workbench.reference import recorder as R
@@ -195,15 +194,14 @@ class ReferenceModel(TextCodec):
         self._raw_paths: dict[int, str] = {}
         #: (dtype, module call names) -> (the modules called, their op program): the last few recorded
         self._programs: dict[tuple, tuple[list, Any]] = {}
+        # (what inspect refuses before building -- implausible numbers, a value of the wrong type
+        #  for a field the reference reads -- is refused here alike: ConfigError naming it)
+        reference_arch.check_config(checkpoint.config, library, family)
         #: the config normalised for the reference (raises ConfigError naming a key it would get wrong)
         self.read_config = reference_config.normalise(checkpoint.config, library, family)
         #: prompts longer than this would be computed wrongly by the reference (None: no bound)
         self.max_tokens = self.read_config.max_tokens
-        self.tokenizer = None
-        tp = getattr(checkpoint, "tokenizer_path", None)
-        if tp and os.path.exists(tp):
-            from tokenizers import Tokenizer
-            self.tokenizer = Tokenizer.from_file(str(tp))
+        self.tokenizer = checkpoint.tokenizer()  # (None: checkpoint.tokenizer_error says why)
         base, _ = self._load(None)
         self.dtype = _storage_dtype(base)
         self.default_dtype = self.dtype

@@ -3,7 +3,9 @@ layout choices, the tiny vision/audio towers, and the Gemma-4-31B shape of build
 from __future__ import annotations
 
 ARCHS = ("gemma4_text", "gemma4_moe", "gemma4_kv", "gemma4", "gemma3_text", "gemma3", "qwen3", "llama")
-#: architectures the inspector knows (and mlx-lm loads) but workbench's model programs do not run
+#: architectures the inspector knows (and mlx-lm loads) but workbench's model programs do not run; their
+#: towers are stand-ins mlx-vlm cannot load, so ``workbench.load`` (which opens them with mlx-vlm) refuses
+#: them and inspect reports that, its language model aside (tests/test_inspect.py)
 INSPECT_ONLY_ARCHS = ("gemma3n",)
 QUANTS = (None, "affine4", "affine8", "mxfp4", "mxfp8", "nvfp4")
 LAYOUTS = ("mlx", "hf")
