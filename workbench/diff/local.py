@@ -210,6 +210,8 @@ def local_errors(report: DiffReport, model: Any, aligned: Mapping[str, np.ndarra
             continue  # positions and masks of a decode step are not the full forward's feeds
         p = precision.of(od.op) if precision is not None else None
         od.recomputed = order[:-1]
+        if pending and pending[-1][1].layer != program[od.op].layer:
+            flush()  # (a layer at a time: its weights cast to the recomputes' formats, then released)
         try:
             if p is None:
                 ex, ho = runs.run(program, order, fixed_fmt, feeds, aligned, dtypes), None
