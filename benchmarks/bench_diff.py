@@ -2,6 +2,7 @@
 
     python benchmarks/bench_diff.py [--tokens 128] [--reps 3] [--clock wall|cpu]
     python benchmarks/bench_diff.py --shape e2b [--layers 35] [--vocab 8192] [--dtype bfloat16]
+    python benchmarks/bench_diff.py --smoke    # CI: bench_forward.py's 4-layer d=64 model, 8 tokens, one round
 
 Builds a ~45M-parameter Gemma-4-shaped checkpoint with the zoo (8 layers, d=512; or, with
 ``--shape e2b``, a random checkpoint of Gemma 4 E2B's published widths, its first
@@ -46,7 +47,14 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=at_least(1), default=35, help="--shape e2b: the first N layers")
     p.add_argument("--vocab", type=at_least(16), default=8192, help="--shape e2b: the vocabulary cut to V")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--smoke", action="store_true",
+                   help="CI: --shape small cut to bench_forward.py's SMOKE_SHAPE, 8 tokens, one round")
     a = p.parse_args(argv)
+    shape = SHAPE
+    if a.smoke:
+        from bench_forward import SMOKE_SHAPE
+
+        a.shape, a.tokens, a.reps, shape = "small", 8, 1, SMOKE_SHAPE
     with tempfile.TemporaryDirectory() as d:
         if a.shape == "e2b":
             from workbench.zoo import real_shapes
@@ -55,8 +63,8 @@ def main(argv=None) -> int:
                                             dtype=a.dtype)
             vocab = a.vocab
         else:
-            path = zoo.build("gemma4_text", Path(d) / "g4", dtype=a.dtype, tokenizer=False, **SHAPE)
-            vocab = 8192
+            path = zoo.build("gemma4_text", Path(d) / "g4", dtype=a.dtype, tokenizer=False, **shape)
+            vocab = shape["vocab_size"]
         model = workbench.load(path)
         ids = [(7 * i + 3) % vocab for i in range(a.tokens)]
         ctx = model.context()

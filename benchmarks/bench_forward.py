@@ -1,6 +1,7 @@
 """Our forward (uncaptured, and traced with stats / full capture) vs mlx-lm's, side by side.
 
     python benchmarks/bench_forward.py [--tokens 256] [--reps 7] [--dtype float32]
+    python benchmarks/bench_forward.py --smoke    # CI: a 4-layer d=64 model, 8 tokens, one round
 
 Builds a ~45M-parameter Gemma-4-shaped checkpoint (8 layers, d=512, vocab 8192, PLE,
 KV sharing) with the zoo, then times, interleaved in one run (median of reps, every
@@ -40,10 +41,16 @@ SHAPE = dict(hidden_size=512, num_hidden_layers=8, intermediate_size=2048, num_a
              hidden_size_per_layer_input=64, vocab_size=8192, vocab_size_per_layer_input=8192,
              sliding_window=128, sliding_window_pattern=4,
              layer_types=["sliding_attention"] * 3 + ["full_attention"] + ["sliding_attention"] * 3 + ["full_attention"])
+#: --smoke (CI: the benchmarks cannot rot, issue 40.5): the same kinds of layers, tiny
+SMOKE_SHAPE = dict(hidden_size=64, num_hidden_layers=4, intermediate_size=128, num_attention_heads=2,
+                   head_dim=32, global_head_dim=64, num_key_value_heads=1, num_kv_shared_layers=2,
+                   hidden_size_per_layer_input=16, vocab_size=512, vocab_size_per_layer_input=512,
+                   sliding_window=16, sliding_window_pattern=2,
+                   layer_types=["sliding_attention", "full_attention"] * 2)
 
 
-def build(dest: Path, dtype: str, quant=None) -> Path:
-    return zoo.build("gemma4_text", dest, dtype=dtype, quant=quant, tokenizer=False, **SHAPE)
+def build(dest: Path, dtype: str, quant=None, shape: dict = SHAPE) -> Path:
+    return zoo.build("gemma4_text", dest, dtype=dtype, quant=quant, tokenizer=False, **shape)
 
 
 def bench(path: Path, tokens: int, reps: int, clock=time.perf_counter):
@@ -52,7 +59,7 @@ def bench(path: Path, tokens: int, reps: int, clock=time.perf_counter):
     ref, _ = load_model(path)
     model = workbench.load(path)
     nparams = sum(model._raw[n].size for n in model.tensor_names)
-    ids = mx.array([[(7 * i + 3) % 8192 for i in range(tokens)]], mx.int32)
+    ids = mx.array([[(7 * i + 3) % model.vocab_size for i in range(tokens)]], mx.int32)
     ctx = model.context()
 
     def ours():
@@ -99,9 +106,13 @@ def main(argv=None) -> int:
     p.add_argument("--clock", default="wall", choices=list(CLOCKS),
                    help="wall: elapsed time (default); cpu: this process's CPU time, all threads (steadier on a "
                         "shared machine; counts the background statistics thread in full, so it is pessimistic)")
+    p.add_argument("--smoke", action="store_true",
+                   help="CI: a tiny model (SMOKE_SHAPE), 8 tokens, one round: that it runs, not how fast")
     a = p.parse_args(argv)
+    if a.smoke:
+        a.tokens, a.reps = 8, 1
     with tempfile.TemporaryDirectory() as d:
-        path = build(Path(d) / "g4", a.dtype, a.quant)
+        path = build(Path(d) / "g4", a.dtype, a.quant, SMOKE_SHAPE if a.smoke else SHAPE)
         clock = CLOCKS[a.clock]
         n, med, extra = bench(path, a.tokens, a.reps, clock)
     print(f"gemma4_text {n / 1e6:.1f}M params, {extra['ops']} ops, {a.tokens} tokens, {a.dtype}"

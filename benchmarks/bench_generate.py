@@ -3,6 +3,7 @@
     python benchmarks/bench_generate.py [--tokens 64] [--prompt 16] [--reps 5] [--clock cpu]
                                         [--which op,module] [--temperature 0] [--top-p 1]
     python benchmarks/bench_generate.py --which op --path CKPT   # e.g. bench_real.py's E2B --path
+    python benchmarks/bench_generate.py --smoke    # CI: tiny models, 4-token prompt + 4 generated, one round
 
 Two ~45M-parameter checkpoints: the Gemma-4-shaped op-program model of
 benchmarks/bench_forward.py (8 layers, d=512, vocab 8192, PLE, KV sharing) and a phi3
@@ -37,15 +38,19 @@ from timing import CLOCKS, at_least, interleaved  # noqa: E402
 PHI3 = dict(model_type="phi3", hidden_size=512, num_hidden_layers=8, intermediate_size=2048,
             num_attention_heads=8, num_key_value_heads=8, vocab_size=12000, rms_norm_eps=1e-5,
             rope_theta=10000.0, max_position_embeddings=4096, tie_word_embeddings=False)
+#: --smoke (CI): a tiny phi3.  It names partial_rotary_factor (phi3's default, 1.0) because the
+#: module-level reader refuses a phi3 config without it (issue 40); PHI3 above does not.
+PHI3_SMOKE = dict(PHI3, hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2,
+                  num_key_value_heads=2, vocab_size=512, partial_rotary_factor=1.0)
 
 
-def build(kind: str, dest: Path) -> Path:
+def build(kind: str, dest: Path, smoke: bool = False) -> Path:
     if kind == "op":
-        from bench_forward import SHAPE  # the same Gemma-4 shape as the forward benchmark
+        from bench_forward import SHAPE, SMOKE_SHAPE  # the same Gemma-4 shape as the forward benchmark
         from workbench import zoo
-        return zoo.build("gemma4_text", dest, dtype="float32", tokenizer=False, **SHAPE)
+        return zoo.build("gemma4_text", dest, dtype="float32", tokenizer=False, **(SMOKE_SHAPE if smoke else SHAPE))
     from workbench.zoo import reference as zr
-    return zr.write(dest, PHI3)
+    return zr.write(dest, PHI3_SMOKE if smoke else PHI3)
 
 
 def bench(path: Path, kind: str, tokens: int, prompt_len: int, reps: int, clock, sampling: dict):
@@ -95,7 +100,12 @@ def main(argv=None) -> int:
     p.add_argument("--path", type=Path, default=None,
                    help="generate from this checkpoint instead (an op-program family, e.g. bench_real.py's "
                         "real-shaped --path): --which must be op")
+    p.add_argument("--smoke", action="store_true",
+                   help="CI: tiny models (bench_forward.py's SMOKE_SHAPE, PHI3_SMOKE), 4-token prompt + 4 generated, "
+                        "one round: that it runs, not how fast")
     a = p.parse_args(argv)
+    if a.smoke:
+        a.tokens, a.prompt, a.reps = 4, 4, 1
     if a.path is not None and (a.which != "op" or not (a.path / "config.json").is_file()):
         p.error(f"--path needs --which op and a checkpoint folder with a config.json, got {a.path}")
     clock = CLOCKS[a.clock]
@@ -103,7 +113,7 @@ def main(argv=None) -> int:
     for kind in a.which.split(","):
         name = {"op": "gemma4_text (op program)", "module": "phi3 (module level)"}[kind]
         with tempfile.TemporaryDirectory() as d:
-            path = a.path or build(kind, Path(d) / kind)
+            path = a.path or build(kind, Path(d) / kind, a.smoke)
             if a.path:
                 name = f"{path.name} (op program)"
             n, med, same = bench(path, kind, a.tokens, a.prompt, a.reps, clock, sampling)

@@ -2,6 +2,7 @@
 
     python benchmarks/bench_hazards.py [--events N] [--mode concurrent|serial]
     python benchmarks/bench_hazards.py --hostile    # the hostile schedules, CPU seconds each
+    python benchmarks/bench_hazards.py --smoke [--hostile]    # CI: 2,000 events
 
 The schedule imitates an engine decoding token by token: per layer, norm -> q/k/v
 projections (concurrent, then a barrier) -> attention over a growing KV cache -> o_proj ->
@@ -123,7 +124,10 @@ def main() -> None:
     ap.add_argument("--hostile", action="store_true",
                     help="time the hostile schedules instead (100k identical reads, 100k concurrent dispatches, "
                          "reads clobbered by every earlier writer)")
+    ap.add_argument("--smoke", action="store_true", help="CI: 2,000 events (that it runs, not how fast)")
     a = ap.parse_args()
+    if a.smoke:
+        a.events = 2000
     if a.hostile:
         hostile(a.events)
         return

@@ -3,6 +3,7 @@
     python benchmarks/bench_inspect.py                 # ~300 MB BF16 + ~300 MB 4-bit affine checkpoints
     python benchmarks/bench_inspect.py --mb 1000       # bigger
     python benchmarks/bench_inspect.py --numpy         # without the native kernels (numpy fallback)
+    python benchmarks/bench_inspect.py --smoke         # CI: ~1 MB checkpoints, one repeat, exit 0
 
 1. Header-only inspection of a Gemma-4-31B-shaped sharded checkpoint (sparse files from
    the zoo: real headers, data holes): target < 0.5 s.
@@ -139,7 +140,15 @@ def main():
     ap.add_argument("--mb", type=int, default=300, help="size of each checkpoint for --values (MB)")
     ap.add_argument("--numpy", action="store_true", help="measure the numpy fallback (no native kernels)")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--smoke", action="store_true",
+                    help="CI: ~1 MB checkpoints (d=64, vocab 512), one repeat; exit 0 whatever the targets: "
+                         "that it runs")
     args = ap.parse_args()
+    if args.smoke:
+        args.repeats = 1
+    # the checkpoints' widths (--smoke: tiny)
+    dims = (dict(hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=2, head_dim=32,
+                 vocab_size=512) if args.smoke else None)
     if args.numpy:
         N.NATIVE = False
     tmp = Path(tempfile.mkdtemp(prefix="bench-inspect-"))
@@ -165,20 +174,20 @@ def main():
     print(f"--values scans with {'native kernels' if V.native() else 'numpy (no native kernels)'}, "
           f"chunk {CHUNK_BYTES >> 10} KB, {os.cpu_count()} CPUs, best of {args.repeats} interleaved runs")
     scale = max(1, int(round((args.mb / 330) ** 0.5 * 8)))
-    dense = zoo.build("qwen3", tmp / "dense", tokenizer=False, hidden_size=1024, num_hidden_layers=scale,
-                      intermediate_size=4096, num_attention_heads=8, num_key_value_heads=8, head_dim=128,
-                      vocab_size=32000, shards=2)
+    dense = zoo.build("qwen3", tmp / "dense", tokenizer=False, num_hidden_layers=scale, shards=2,
+                      **(dims or dict(hidden_size=1024, intermediate_size=4096, num_attention_heads=8,
+                                      num_key_value_heads=8, head_dim=128, vocab_size=32000)))
     compare("BF16 checkpoint", dense, args.repeats, results)
     # 4-bit affine, BF16 scales and biases, group 64: ~36 MB per layer + ~37 MB of embeddings
     qlayers = max(1, int(round((args.mb - 37) / 36)))
-    q = zoo.build("qwen3", tmp / "q4", tokenizer=False, quant="affine4", hidden_size=2048,
-                  num_hidden_layers=qlayers, intermediate_size=8192, num_attention_heads=16, num_key_value_heads=16,
-                  head_dim=128, vocab_size=32000, shards=2)
+    q = zoo.build("qwen3", tmp / "q4", tokenizer=False, quant="affine4", num_hidden_layers=qlayers, shards=2,
+                  **(dims or dict(hidden_size=2048, intermediate_size=8192, num_attention_heads=16,
+                                  num_key_value_heads=16, head_dim=128, vocab_size=32000)))
     compare("4-bit affine checkpoint (every weight dequantized)", q, args.repeats, results)
     import shutil
 
     shutil.rmtree(tmp, ignore_errors=True)
-    return 0 if all(results) else 1
+    return 0 if args.smoke or all(results) else 1
 
 
 if __name__ == "__main__":

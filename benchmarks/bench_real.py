@@ -5,6 +5,7 @@ float16 hunt, side by side on a random checkpoint of a published Gemma shape.
     python benchmarks/bench_real.py 26b-a4b --dtype 4bit --tokens 256 --json out.json
     python benchmarks/bench_real.py e2b --dtype 4bit --layers 4 --tokens 64 --reps 2   # CPU-sized
     python benchmarks/bench_real.py e2b --tokens 8192,16384,32768 --steps 0 --crash-hunt 16384   # long rows
+    python benchmarks/bench_real.py e2b --smoke    # CI: 1 layer, vocabulary 256, 8 tokens, one round
 
 Shapes (workbench/zoo/real_shapes.py): e2b, e4b, 26b-a4b, 31b, gemma3-12b; dtype: bf16,
 4bit (affine, groups of 64, as mlx-community converts) or mxfp4.  The checkpoint is written
@@ -421,7 +422,11 @@ def main(argv=None) -> int:
     p.add_argument("--crash-timeout", type=at_least(1), default=600, help="--timeout for --crash-hunt")
     p.add_argument("--clock", default="wall", choices=list(CLOCKS))
     p.add_argument("--json", type=Path, default=None, help="write the figures here")
+    p.add_argument("--smoke", action="store_true",
+                   help="CI: 1 layer, vocabulary 256, 8 tokens, one round, 2 steps, chunks of 4 (that it runs)")
     a = p.parse_args(argv)
+    if a.smoke:
+        a.layers, a.vocab, a.tokens, a.reps, a.steps, a.prefill_chunk, a.profile = 1, 256, "8", 1, 2, 4, True
     try:
         tokens = [int(x) for x in a.tokens.split(",")]
         if any(t < 1 for t in tokens):

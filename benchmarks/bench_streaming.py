@@ -4,6 +4,7 @@ and time against the same model holding its weights.
     python benchmarks/bench_streaming.py [--layers 8] [--hidden 1024] [--ffn 4096]
                                          [--budget 200MiB] [--tokens 64] [--capture stats]
                                          [--reps 3] [--path CHECKPOINT]
+    python benchmarks/bench_streaming.py --smoke    # CI: 4 layers d=128 in 1 MiB, 8 tokens, one rep, exit 0
 
 Writes a float32 llama checkpoint of that shape (or uses ``--path``), then runs, in fresh
 processes alternated ``--reps`` times (medians): one forward traced with ``--capture``
@@ -70,7 +71,12 @@ def main(argv=None) -> int:
     ap.add_argument("--capture", default="stats", choices=("stats", "full", "none"))
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--path", help="an existing checkpoint instead of the generated llama")
+    ap.add_argument("--smoke", action="store_true",
+                    help="CI: 4 layers, d=128, ffn 256 streamed in 1 MiB, 8 tokens, one rep; exit 0 whatever the "
+                         "peak (at this size RSS noise outweighs the bound): that it runs")
     a = ap.parse_args(argv)
+    if a.smoke:
+        a.layers, a.hidden, a.ffn, a.budget, a.tokens, a.reps = 4, 128, 256, "1MiB", 8, 1
     if not sys.platform.startswith("linux"):
         print("bench_streaming reads /proc/self: Linux only", file=sys.stderr)
         return 2
@@ -120,7 +126,7 @@ def main(argv=None) -> int:
           f"{fmt_bytes(activations)}, + 20%): {'within' if s['growth'] <= bound else 'OVER'}")
     print(f"load + forward: streamed {s['wall'] * 1e3:.0f} ms, held {h['wall'] * 1e3:.0f} ms, "
           f"ratio {s['wall'] / h['wall']:.2f}x; captured values spilled: {int(s['spilled'])}")
-    return 0 if s["growth"] <= bound else 1
+    return 0 if a.smoke or s["growth"] <= bound else 1
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     python benchmarks/check_tf32.py default CHECKPOINT   # the user's MLX_ENABLE_TF32 (CUDA: TF32 on)
     python benchmarks/check_tf32.py exact CHECKPOINT     # through workbench.precision.exact_float32
+    python benchmarks/check_tf32.py default assets/demo 8    # CI: no GPU here, so the CPU against itself
 
 Prints one JSON line: a float32 forward's layer-0 output and its worst layer-0 op, GPU vs CPU
 (relative max abs difference), and the hunt's path -- each layer-0 op of a bfloat16 trace
@@ -62,4 +63,8 @@ def main(mode: str, path: str, tokens: int = 128) -> dict:
 
 
 if __name__ == "__main__":
+    if (len(sys.argv) not in (3, 4) or sys.argv[1] not in ("default", "exact")
+            or not all(t.isdigit() and int(t) > 0 for t in sys.argv[3:])):
+        print("usage: check_tf32.py default|exact CHECKPOINT [TOKENS]", file=sys.stderr)
+        sys.exit(2)
     print(json.dumps(main(sys.argv[1], sys.argv[2], *(int(a) for a in sys.argv[3:4]))))
