@@ -147,6 +147,52 @@ def test_the_older_flat_form_gives_the_same_logits(ckpts, case, tmp_path):
     assert rel_err(out, ref) <= TOL, case
 
 
+def _published_phi3(cfg: dict) -> dict:
+    """The older form as Phi-3-mini-4k and Phi-3.5-mini publish it (transformers 4.40): no
+    partial_rotary_factor at all (the original rotates every dimension)."""
+    cfg = _legacy(cfg)
+    assert cfg.pop("partial_rotary_factor") == 1.0
+    return cfg
+
+
+#: RoPE that mlx-lm computes otherwise than transformers (issue 40), corrected in
+#: reference/corrections.py: YaRN with gpt-oss's "truncate": false, LongRoPE on a prompt under
+#: original_max_position_embeddings (short_factor) and over it (long_factor); and Phi-3 in the
+#: form it is published in, without partial_rotary_factor
+ROPE_CASES = [("gpt_oss_yarn", None), ("phi3_longrope", None), ("phi3_longrope_long", None),
+              ("phi3_4k", _published_phi3), ("phi3_longrope", _published_phi3)]
+
+
+@pytest.mark.parametrize("case,form", ROPE_CASES, ids=[f"{c}-{'published' if f else 'v5'}" for c, f in ROPE_CASES])
+def test_rope_mlx_lm_computes_otherwise_is_corrected_to_torchs_logits(ckpts, case, form, tmp_path):
+    d = with_config(ckpts[case], tmp_path / case, form) if form else ckpts[case]
+    ref = np.load(DATA / case / "logits.npy")
+    model = workbench.load(d, granularity="module")
+    assert model.max_tokens is None
+    out = np.array(model(mx.array([IDS])).astype(mx.float32))
+    assert rel_err(out, ref) <= 1e-5, (case, rel_err(out, ref))
+
+
+def test_longrope_switches_factors_where_transformers_does(ckpts):
+    """The prompt (offset + new tokens) picks the factors: up to original_max_position_embeddings
+    (8 here) the short ones, past it the long ones, for every position."""
+    model = workbench.load(ckpts["phi3_longrope_long"], granularity="module")
+    rope = next(m for _, m in model.module()[0].named_modules() if hasattr(m, "_short_freqs"))
+    x = mx.ones((1, 1, 8, 16))
+    rot = lambda f, off=0: mx.fast.rope(x * rope._scale, 16, traditional=False, base=None, scale=1.0,  # noqa: E731
+                                        offset=off, freqs=f)
+    assert mx.allclose(rope(x), rot(rope._short_freqs))
+    assert mx.allclose(rope(x, offset=1), rot(rope._freqs, 1))
+
+
+def test_yarn_truncate_false_where_mlx_lm_has_its_own_yarn_is_refused_by_name(ckpts, tmp_path):
+    # (mlx-lm's deepseek_v2 computes YaRN itself, always truncating)
+    edit = lambda c: dict(c, rope_parameters=dict(c["rope_parameters"], truncate=False))  # noqa: E731
+    d = with_config(ckpts["deepseek_v2"], tmp_path / "ds", edit)
+    with pytest.raises(ValueError, match="rope_scaling.truncate = False, which mlx-lm's deepseek_v2 does not read"):
+        workbench.load(d, granularity="module")
+
+
 def test_rope_parameters_and_a_flat_key_that_disagree_are_refused(ckpts, tmp_path):
     d = with_config(ckpts["phi"], tmp_path / "phi", lambda c: dict(c, rope_theta=10000.0))  # rope_parameters: 5000
     with pytest.raises(ValueError, match="rope_theta = 10000.0 and rope_parameters.rope_theta = 5000.0 disagree"):

@@ -55,6 +55,16 @@ YARN = {"rope_parameters": {"rope_type": "yarn", "rope_theta": 5000.0, "factor":
                             "original_max_position_embeddings": 64, "beta_fast": 32.0, "beta_slow": 1.0,
                             "mscale": 0.707, "mscale_all_dim": 0.707}}
 
+#: gpt-oss's RoPE as gpt-oss publishes it (its correction range not truncated)
+GPT_OSS_YARN = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                "original_max_position_embeddings": 4096, "truncate": False}
+
+#: Phi-3.5's LongRoPE, shrunk: one factor per rotated frequency (head_dim 16), short for
+#: prompts up to original_max_position_embeddings, long past it
+LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0,
+            "short_factor": [1.0, 1.02, 1.1, 1.3, 1.6, 2.1, 2.8, 3.6],
+            "long_factor": [1.0, 1.5, 2.5, 4.0, 7.0, 12.0, 20.0, 32.0]}
+
 #: case -> (transformers model_type, config fields on top of SHRINK)
 CASES: dict[str, tuple[str, dict]] = {
     # the op families (also traced op by op)
@@ -86,6 +96,13 @@ CASES: dict[str, tuple[str, dict]] = {
                               final_logit_softcapping=15.0)),
     "phi": ("phi", _rope(partial_rotary_factor=0.25)),
     "phi3": ("phi3", _rope(partial_rotary_factor=0.5)),
+    # (no window: the whole prompt is compared; a 12-token prompt is under 64, over 8)
+    "phi3_longrope": ("phi3", dict(sliding_window=None, original_max_position_embeddings=64,
+                                   rope_parameters=dict(LONGROPE, original_max_position_embeddings=64))),
+    "phi3_longrope_long": ("phi3", dict(sliding_window=None, original_max_position_embeddings=8,
+                                        rope_parameters=dict(LONGROPE, original_max_position_embeddings=8))),
+    # Phi-3-mini-4k's RoPE (transformers' defaults: every dimension rotated, base 10000)
+    "phi3_4k": ("phi3", dict(sliding_window=None)),
     "starcoder2": ("starcoder2", _rope()),
     "cohere": ("cohere", dict(_rope(), logit_scale=0.125, use_qk_norm=False)),
     "cohere2": ("cohere2", dict(_rope(), logit_scale=0.125, layer_types=["sliding_attention", "full_attention"])),
@@ -122,6 +139,8 @@ CASES: dict[str, tuple[str, dict]] = {
     "deepseek_v3": ("deepseek_v3", dict(YARN, head_dim=8, num_key_value_heads=4)),
     "glm4_moe": ("glm4_moe", _rope(partial_rotary_factor=0.5)),
     "gpt_oss": ("gpt_oss", dict(_rope(), layer_types=["sliding_attention", "full_attention"])),
+    "gpt_oss_yarn": ("gpt_oss", dict(rope_parameters=dict(GPT_OSS_YARN), max_position_embeddings=131072,
+                                     layer_types=["sliding_attention", "full_attention"])),
     # state space and hybrids
     "mamba": ("mamba", dict(state_size=8, conv_kernel=4, expand=2, time_step_rank=8)),
     "lfm2": ("lfm2", dict(_rope(), layer_types=["conv", "full_attention"], block_ff_dim=128)),

@@ -10,7 +10,9 @@ are wrong.  :func:`normalise` makes the config explicit before mlx-lm sees it:
 1. **RoPE**: ``rope_parameters`` (flat, or per layer type) becomes the fields the family
    reads (``rope_theta`` / ``rotary_emb_base``, ``partial_rotary_factor`` / ``rotary_pct``,
    ``rope_scaling`` with both ``type`` and ``rope_type``, Gemma 3's ``rope_local_base_freq``);
-   a value both forms give differently, or a RoPE the family has no field for, is refused.
+   a value both forms give differently, or a RoPE the family has no field for, is refused;
+   the older form's missing base or rotated fraction is the original's (transformers keeps
+   those defaults in its config class's ``rope_parameters``).
 2. **The original's values**: where the model's own config class (transformers', which
    mlx-lm depends on; no torch) reads the config, every ``ModelArgs`` field the config lacks
    takes the value the original model uses (transformers' default or derived value), not
@@ -249,13 +251,17 @@ def _apply_flat_rope(cfg: dict, out: Normalised, fields: Mapping, family: str, r
 def _apply_rope(cfg: dict, out: Normalised, fields: Mapping, family: str, original=None) -> None:
     rp = cfg.get("rope_parameters")
     if rp is None:
-        # the older form: its keys are read as they are; a RoPE base it does not give is the
-        # original's default (only the base: transformers' defaults for scaling are its own)
+        # the older form: its keys are read as they are; a RoPE base or rotated fraction it does
+        # not give is the original's default, which transformers keeps in rope_parameters (Phi-3
+        # 4k publishes no partial_rotary_factor: 1.0).  Only those two: transformers' defaults
+        # for scaling are its own
         orp = getattr(original, "rope_parameters", None) if original is not None else None
-        theta_f = _ROPE_FIELDS.get(family, ("rope_theta",))[0]
-        if isinstance(orp, Mapping) and _flat_rope(orp) and "rope_theta" in orp and theta_f in fields \
-                and theta_f not in cfg and "rope_theta" not in cfg:
-            _set(cfg, out, theta_f, orp["rope_theta"], "the original's default rope_theta")
+        if not (isinstance(orp, Mapping) and _flat_rope(orp)):
+            return
+        for key, f in zip(("rope_theta", "partial_rotary_factor"),
+                          _ROPE_FIELDS.get(family, ("rope_theta", "partial_rotary_factor"))):
+            if key in orp and f in fields and f not in cfg and key not in cfg:
+                _set(cfg, out, f, orp[key], f"the original's default {key}")
         return
     if not isinstance(rp, Mapping):
         raise ConfigError(f"config.json: rope_parameters must be an object, got {show(rp)}")
