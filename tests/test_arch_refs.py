@@ -101,7 +101,7 @@ def test_op_level_logits_equal_torch(ckpts, case):
     assert rel_err(out, ref) <= TOL, (case, rel_err(out, ref))
 
 
-@pytest.mark.parametrize("case", ["llama", "qwen2_moe", "phi", "deepseek_v3", "gemma3_text", "mamba"])
+@pytest.mark.parametrize("case", ["llama", "qwen2_moe", "phi", "deepseek_v3", "gemma3_text", "mamba", "jamba"])
 def test_a_trace_ends_in_torchs_logits(ckpts, case):
     ref = np.load(DATA / case / "logits.npy")
     model = workbench.load(ckpts[case], granularity="module")
@@ -171,6 +171,19 @@ def test_rope_mlx_lm_computes_otherwise_is_corrected_to_torchs_logits(ckpts, cas
     assert model.max_tokens is None
     out = np.array(model(mx.array([IDS])).astype(mx.float32))
     assert rel_err(out, ref) <= 1e-5, (case, rel_err(out, ref))
+
+
+def test_jambas_routing_is_corrected_to_torchs_logits(ckpts):
+    """mlx-lm's Jamba takes the softmax over the top-k router logits (renormalising them);
+    transformers over all experts, keeping the top-k weights as they are (issue 40: 0.26 of a
+    logit uncorrected, 4 experts, top 2); corrected in reference/corrections.py."""
+    cfg = json.loads((DATA / "jamba" / "config.json").read_text())
+    assert (cfg["num_experts"], cfg["num_experts_per_tok"]) == (4, 2)
+    ref = np.load(DATA / "jamba" / "logits.npy")
+    model = workbench.load(ckpts["jamba"], granularity="module")
+    assert model.max_tokens is None
+    out = np.array(model(mx.array([IDS])).astype(mx.float32))
+    assert rel_err(out, ref) <= 1e-5, rel_err(out, ref)
 
 
 def test_longrope_switches_factors_where_transformers_does(ckpts):

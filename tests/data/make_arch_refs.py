@@ -144,6 +144,10 @@ CASES: dict[str, tuple[str, dict]] = {
     # state space and hybrids
     "mamba": ("mamba", dict(state_size=8, conv_kernel=4, expand=2, time_step_rank=8)),
     "lfm2": ("lfm2", dict(_rope(), layer_types=["conv", "full_attention"], block_ff_dim=128)),
+    # Jamba: a Mamba layer, then an attention layer, each with 4 experts, top 2 (transformers keeps the
+    # top-2 weights of the softmax over all experts, unrenormalised)
+    "jamba": ("jamba", dict(attn_layer_period=2, attn_layer_offset=1, expert_layer_period=1, expert_layer_offset=0,
+                            mamba_d_state=8)),
     "qwen3_next": ("qwen3_next", dict(_rope(partial_rotary_factor=0.5),
                                       layer_types=["linear_attention", "full_attention"],
                                       linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,

@@ -27,6 +27,10 @@ traces carry the original's numbers:
   ``factor``, else from max / original positions.  The rotation picks its factors per call
   as transformers does.  (Phi-3.5-MoE's ``short_mscale`` / ``long_mscale`` form is left as
   mlx-lm computes it: no fixture proves a change.)
+* **Jamba's routing** (mlx-lm's ``JambaSparseMoeBlock``): mlx-lm takes the softmax over the
+  top-k router logits only (the chosen weights renormalised to sum to one); transformers'
+  ``JambaTopKRouter`` takes it over all experts and keeps the top-k probabilities as they are
+  (0.26 of a logit with 4 experts, top 2).  The block routes as transformers does.
 
 Families not listed read their activation from the config themselves, or were checked
 against torch at transformers' default.
@@ -69,6 +73,8 @@ def correct(model: nn.Module, family: str, config: Mapping) -> None:
     """Apply this module's corrections to ``model`` (an mlx-lm ``family`` built from ``config``)."""
     _activation(model, family, config)
     _rope(model)
+    if family == "jamba":
+        _jamba_routing(model)
     if family == "gemma3_text" or (family == "gemma3" and isinstance(config.get("text_config"), Mapping)):
         tc = config.get("text_config") if family == "gemma3" else config
         _gemma3_embed_scale(model, tc.get("hidden_size"))
@@ -201,3 +207,23 @@ def _longrope(m: nn.Module, args, scaling: Mapping, cache: dict) -> None:
         return {"__call__": call}
 
     _subclass(m, cache, attrs)
+
+
+def _jamba_routing(model: nn.Module) -> None:
+    """mlx-lm's Jamba MoE blocks weight their top-k experts by the softmax over all experts,
+    unrenormalised (transformers' ``JambaTopKRouter``), not by the softmax over the top k."""
+    def attrs(base):
+        def call(self, x):
+            gates = self.router(x)
+            k = self.num_experts_per_tok
+            probs = mx.softmax(gates.astype(mx.float32), axis=-1)
+            inds = mx.stop_gradient(mx.argpartition(-probs, kth=k - 1, axis=-1)[..., :k])
+            scores = mx.take_along_axis(probs, inds, axis=-1).astype(x.dtype)
+            y = self.switch_mlp(x, inds)
+            return (y * scores[..., None]).sum(axis=-2)
+        return {"__call__": call}
+
+    fixed: dict = {}
+    for _, m in model.named_modules():
+        if type(m).__name__ == "JambaSparseMoeBlock":
+            _subclass(m, fixed, attrs)
