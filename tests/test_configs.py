@@ -11,7 +11,12 @@
 * a key that changes the numbers and is not handled is refused by name (load, inspect,
   the CLI: one line, exit 2), and load checks every tensor's shape first;
 * any value of a config field gives a model or a one-line ValueError naming the field:
-  never a traceback, a hang or a huge allocation.
+  never a traceback, a hang or a huge allocation;
+* configs as published (issue 40, items 2 and 3b: SmolLM2's nanotron leftovers, Qwen1.5-MoE's
+  max_window_layers under use_sliding_window false, GPT-BigCode's n_inner null, Mamba 2 without
+  intermediate_size, dots1 / afmoe without the keys transformers does not write) open with the
+  logits of their explicit form; hunyuan_v1_moe, ernie4_5_moe and afmoe with one expert are
+  refused in one line saying where mlx-lm departs from the original.
 """
 from __future__ import annotations
 
@@ -349,3 +354,195 @@ def test_clip_bound_infinities_are_not_value_errors(tmp_path):
     r = workbench.inspect(path, values=True, progress=False)
     assert sorted(p.tensor for p in r.errors if p.code == "nonfinite-values") == \
         [f"{tower}.output_max", f"{tower}.output_min"]
+
+
+# ---------------------------------------------------------------- configs as published (issue 40: 2, 3b)
+#
+# config.json as the model repositories publish them, sizes shrunk and every other key kept;
+# weights written by mlx-lm's classes (workbench.zoo.reference) from the same config with the
+# derived value written out / the unread key removed.  Each opens, and its logits equal those of
+# that explicit form: the proof that the key cannot change the numbers.
+
+_TINY = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=256)
+
+#: HuggingFaceTB/SmolLM2-135M (transformers 4.40.1), shrunk
+SMOLLM2 = {"architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+           "bos_token_id": 0, "eos_token_id": 0, "hidden_act": "silu", "initializer_range": 0.041666666666666664,
+           "is_llama_config": True, "max_position_embeddings": 8192, "mlp_bias": False, "model_type": "llama",
+           "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_interleaved": False, "rope_scaling": None,
+           "rope_theta": 100000, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+           "transformers_version": "4.40.1", "use_cache": True, **_TINY}
+
+#: Qwen/Qwen1.5-MoE-A2.7B (transformers 4.39.0.dev0), shrunk
+QWEN15_MOE = {"architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+              "eos_token_id": 151643, "hidden_act": "silu", "initializer_range": 0.02,
+              "max_position_embeddings": 8192, "max_window_layers": 21, "model_type": "qwen2_moe",
+              "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": False,
+              "torch_dtype": "bfloat16", "transformers_version": "4.39.0.dev0", "use_cache": True,
+              "use_sliding_window": False, "decoder_sparse_step": 1, "moe_intermediate_size": 32,
+              "shared_expert_intermediate_size": 128, "num_experts_per_tok": 2, "num_experts": 4,
+              "norm_topk_prob": False, "output_router_logits": False, "router_aux_loss_coef": 0.001,
+              **dict(_TINY, num_key_value_heads=4)}
+
+#: bigcode/tiny_starcoder_py (transformers 4.28.1), shrunk: n_inner null means 4 x n_embd
+BIGCODE = {"activation_function": "gelu_pytorch_tanh", "architectures": ["GPTBigCodeForCausalLM"],
+           "attention_softmax_in_fp32": True, "attn_pdrop": 0.1, "bos_token_id": 0, "embd_pdrop": 0.1,
+           "eos_token_id": 0, "initializer_range": 0.02, "layer_norm_epsilon": 1e-05, "model_type": "gpt_bigcode",
+           "multi_query": True, "n_embd": 64, "n_head": 4, "n_inner": None, "n_layer": 2, "n_positions": 512,
+           "resid_pdrop": 0.1, "scale_attention_softmax_in_fp32": True, "scale_attn_weights": True,
+           "summary_activation": None, "summary_first_dropout": 0.1, "summary_proj_to_labels": True,
+           "summary_type": "cls_index", "summary_use_proj": True, "torch_dtype": "float32",
+           "transformers_version": "4.28.1", "use_cache": True, "vocab_size": 256}
+
+#: transformers 5.25's Mamba2Config save (no intermediate_size: expand x hidden_size), shrunk
+MAMBA2 = {"architectures": ["Mamba2ForCausalLM"], "bos_token_id": 0, "chunk_size": 256, "conv_kernel": 4,
+          "eos_token_id": 2, "expand": 2, "head_dim": 16, "hidden_act": "silu", "hidden_size": 64,
+          "initializer_range": 0.1, "layer_norm_epsilon": 1e-05, "model_type": "mamba2", "n_groups": 2,
+          "num_heads": 8, "num_hidden_layers": 2, "pad_token_id": 1, "rescale_prenorm_residual": False,
+          "residual_in_fp32": True, "state_size": 16, "tie_word_embeddings": False, "time_step_floor": 0.0001,
+          "time_step_limit": [0.0, float("inf")], "time_step_max": 0.1, "time_step_min": 0.001,
+          "time_step_rank": "auto", "transformers_version": "5.25.0", "use_bias": False, "use_cache": True,
+          "use_conv_bias": True, "vocab_size": 256}
+
+#: transformers 5.25 saves (Dots1Config / AfmoeConfig, sizes shrunk): no scoring_func / route_norm,
+#: whose mlx-lm defaults workbench reviewed against the original's router (REVIEWED_DEFAULTS)
+DOTS1 = {"transformers_version": "5.25.0", "intermediate_size": 128, "moe_intermediate_size": 32,
+         "n_shared_experts": 1, "n_routed_experts": 4, "output_router_logits": False, "n_group": 1, "topk_group": 1,
+         "num_experts_per_tok": 2, "first_k_dense_replace": 1, "norm_topk_prob": False, "hidden_act": "silu",
+         "max_position_embeddings": 2048, "initializer_range": 0.02, "rms_norm_eps": 1e-06, "use_cache": True,
+         "tie_word_embeddings": False, "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+         "attention_bias": False, "attention_dropout": 0.0, "routed_scaling_factor": 1.0, "sliding_window": 4096,
+         "max_window_layers": 62, "layer_types": ["full_attention", "full_attention"], "pad_token_id": None,
+         "bos_token_id": None, "eos_token_id": None, "head_dim": 16, "model_type": "dots1", **_TINY}
+AFMOE = {"transformers_version": "5.25.0", "moe_intermediate_size": 32, "num_dense_layers": 1, "head_dim": 16,
+         "hidden_act": "silu", "max_position_embeddings": 16384, "initializer_range": 0.02, "rms_norm_eps": 1e-05,
+         "use_cache": True, "tie_word_embeddings": False,
+         "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}, "num_experts": 4,
+         "num_experts_per_tok": 2, "num_shared_experts": 1, "route_scale": 1.0, "output_router_logits": False,
+         "global_attn_every_n_layers": 4, "sliding_window": 1024,
+         "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+         "attention_dropout": 0.0, "mup_enabled": False, "eos_token_id": None, "pad_token_id": None,
+         "bos_token_id": None, "attention_bias": False, "model_type": "afmoe", **dict(_TINY, num_hidden_layers=4)}
+
+
+def _explicit(cfg: dict, **values) -> dict:
+    """``cfg`` as the reader fills it (what mlx-lm's ModelArgs then reads), with ``values`` written."""
+    from workbench.checkpoint import reference_config as RC
+
+    return dict(RC.normalise(cfg, "mlx_lm", cfg["model_type"]).config, **values)
+
+
+#: case -> (published config, the explicit form mlx-lm builds the same model from, granularities)
+PUBLISHED = {
+    # (scoring_func written as "softmax": mlx-lm's dots1 never reads it, the logits do not move)
+    "dots1_no_scoring_func": (DOTS1, _explicit(DOTS1, scoring_func="softmax"), ("module",)),
+    "afmoe_no_route_norm": (AFMOE, _explicit(AFMOE, route_norm=True, score_func="sigmoid", n_group=1, topk_group=1),
+                            ("module",)),
+    "smollm2_leftovers": (SMOLLM2, {k: v for k, v in SMOLLM2.items() if k not in ("is_llama_config", "rope_interleaved")},
+                          (None, "module")),
+    "qwen15_moe_max_window_layers": (QWEN15_MOE, {k: v for k, v in QWEN15_MOE.items() if k != "max_window_layers"},
+                                     ("module",)),
+    "gpt_bigcode_n_inner_null": (BIGCODE, dict(BIGCODE, n_inner=256), ("module",)),
+    "mamba2_no_intermediate_size": (MAMBA2, dict(MAMBA2, intermediate_size=128), ("module",)),
+}
+
+
+def _pair(tmp_path, case):
+    """(published, explicit): two checkpoints of the same weights."""
+    from workbench.zoo import reference as zr
+
+    published, explicit, _ = PUBLISHED[case]
+    a = zr.write(tmp_path / "explicit", explicit)
+    b = tmp_path / "published"
+    b.mkdir()
+    (b / "model.safetensors").symlink_to(a / "model.safetensors")
+    (b / "config.json").write_text(json.dumps(published))
+    return b, a
+
+
+@pytest.mark.parametrize("case", sorted(PUBLISHED))
+def test_published_config_opens_with_the_numbers_of_its_explicit_form(tmp_path, case):
+    published, explicit = _pair(tmp_path, case)
+    for granularity in PUBLISHED[case][2]:
+        kw = {} if granularity is None else {"granularity": granularity}
+        r = workbench.inspect(published)
+        assert r.ok, [p.message for p in r.errors]
+        out = np.array(workbench.load(published, **kw)(IDS))
+        ref = np.array(workbench.load(explicit, **kw)(IDS))
+        assert np.isfinite(out).all() and out.shape == ref.shape
+        assert np.array_equal(out, ref), (granularity, rel_err(out, ref))
+    # and mlx-lm itself, given the explicit form, computes the same (but for gpt_bigcode, whose
+    # gelu_pytorch_tanh workbench corrects: mlx-lm's is the exact GELU)
+    from workbench.zoo import reference as zr
+
+    if case != "gpt_bigcode_n_inner_null":
+        assert rel_err(out, np.array(zr.reference(explicit)(IDS))) <= 1e-5
+
+
+def test_the_leftovers_and_derivations_are_in_the_readers_tables():
+    from workbench.checkpoint import reference_config as RC
+
+    assert {"is_llama_config", "rope_interleaved"} <= set(RC.KEPT_UNREAD) and \
+        set(RC.KEPT_UNREAD) <= RC.COMMON_IGNORED
+    assert "use_sliding_window" in RC.DERIVATION_ONLY["max_window_layers"]
+    assert set(RC.DERIVED["gpt_bigcode"]) == {"n_inner"} and set(RC.DERIVED["mamba2"]) == {"intermediate_size"}
+    n = RC.normalise(BIGCODE, "mlx_lm", "gpt_bigcode")
+    assert n.config["n_inner"] == 256 and n.filled["n_inner"] == 256
+    assert RC.normalise(MAMBA2, "mlx_lm", "mamba2").config["intermediate_size"] == 128
+    # the window Qwen1.5-MoE switches off bounds no prompt
+    assert RC.normalise(QWEN15_MOE, "mlx_lm", "qwen2_moe").max_tokens is None
+
+
+def test_max_window_layers_that_changes_the_layer_types_is_still_refused(tmp_path):
+    """With use_sliding_window true, max_window_layers picks the sliding layers: refused (mlx-lm's
+    qwen2 applies no window), by its own name or use_sliding_window's."""
+    from workbench.zoo import reference as zr
+
+    cfg = dict(zr.ARCHS["qwen2"])
+    d = zr.write(tmp_path / "q", cfg)
+    (d / "config.json").write_text(json.dumps(dict({"max_window_layers": 1, "use_sliding_window": True,
+                                                    "sliding_window": 4}, **cfg)))
+    with pytest.raises(ConfigError, match="max_window_layers = 1 is not read by mlx-lm's qwen2"):
+        workbench.load(d, granularity="module")
+
+
+def test_hunyuan_v1_moe_is_refused_in_one_line_naming_why(tmp_path, capsys):
+    """mlx-lm calls the family hunyuan, but does not compute it as transformers' HunYuanMoEV1:
+    refused by load, inspect and the CLI with that reason (never 'ok', never a traceback)."""
+    cfg = {"model_type": "hunyuan_v1_moe", "architectures": ["HunYuanMoEV1ForCausalLM"], "num_experts": 4,
+           "moe_topk": 2, "head_dim": 16, "hidden_act": "silu", "rms_norm_eps": 1e-05,
+           "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}, **_TINY}
+    d = tmp_path / "hy"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg))
+    mx.save_safetensors(str(d / "model.safetensors"), {"model.embed_tokens.weight": mx.zeros((256, 64))})
+    why = "renormalises the top-k weights"
+    with pytest.raises(ValueError, match=why) as e:
+        workbench.load(d)
+    assert "hunyuan" in str(e.value) and "\n" not in str(e.value)
+    r = workbench.inspect(d)
+    assert not r.ok and why in r.errors[0].message
+    capsys.readouterr()
+    assert main(["hunt", str(d), "--ids", "1,2,3"]) == 2
+    err = capsys.readouterr().err
+    assert why in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("cfg,why", [
+    (dict(AFMOE, num_experts_per_tok=1), "num_experts_per_tok = 1: mlx-lm's afmoe weights the one expert"),
+    ({"model_type": "ernie4_5_moe", "moe_num_experts": 4, "moe_k": 2, "moe_intermediate_size": 32, "use_bias": False,
+      "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}, "head_dim": 16, **_TINY},
+     "drops moe_statics.e_score_correction_bias"),
+])
+def test_where_mlx_lm_departs_from_the_router_the_reason_is_named(tmp_path, cfg, why):
+    """Reviewed defaults, but a router mlx-lm computes otherwise: refused in one line saying how."""
+    d = tmp_path / "ck"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg))
+    mx.save_safetensors(str(d / "model.safetensors"), {"model.embed_tokens.weight": mx.zeros((256, 64))})
+    with pytest.raises(ConfigError, match=why) as e:
+        workbench.load(d, granularity="module")
+    assert "\n" not in str(e.value) and "not checked that default" not in str(e.value)
+    r = workbench.inspect(d)
+    assert not r.ok and why in r.errors[0].message

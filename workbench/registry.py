@@ -173,6 +173,21 @@ def lm_module(mt: str) -> str | None:
 WRAPPED_TEXT = {"gemma3n_text": "gemma3n"}
 
 
+class Departs(ValueError):
+    """The reference builds this model type under another name, but not as the original computes it."""
+
+
+#: model types mlx-lm builds under another name (not in its MODEL_REMAPPING) -> (its module, why
+#: workbench does not map them: where that module departs from transformers' model).  A model type
+#: whose module computes what the original does would map (None as the reason).
+ELSEWHERE: dict[str, tuple[str, str | None]] = {
+    "hunyuan_v1_moe": ("hunyuan", "mlx-lm's hunyuan (its name for the family) weights the top-k experts by "
+                                  "their softmax probabilities as they are, where transformers' HunYuanMoEV1 "
+                                  "renormalises the top-k weights to sum 1 (and always adds its shared MLP): "
+                                  "its logits would not be the original's"),
+}
+
+
 def _lm_module(mt: str) -> str | None:
     if not _installed("mlx_lm"):
         return None
@@ -180,6 +195,8 @@ def _lm_module(mt: str) -> str | None:
     if not isinstance(mt, str):
         return None
     name = MODEL_REMAPPING.get(mt, WRAPPED_TEXT.get(mt, mt))
+    if mt in ELSEWHERE and not defines_model("mlx_lm", mt) and ELSEWHERE[mt][1] is None:
+        name = ELSEWHERE[mt][0]
     # a plain identifier naming a module that defines a model, checked before any import
     # ("llama.os", "..", "base" or "cache" name no model)
     return name if is_module_name(name) and defines_model("mlx_lm", name) else None
@@ -236,6 +253,8 @@ def reference_for(config: Mapping, library: str | None = None) -> tuple[str, str
         elif library == "mlx_vlm":
             raise ValueError(f"mlx-vlm cannot build model_type {_shown(mt)}")
     name = _lm_module(mt)
+    if name is None and mt in ELSEWHERE and ELSEWHERE[mt][1] is not None:
+        raise Departs(f"model_type {_shown(mt)}: {ELSEWHERE[mt][1]}")
     if name is not None:
         if want_vlm and not _installed("mlx_vlm"):
             raise MissingExtra(f"this {_shown(mt)} checkpoint has vision/audio towers, which only mlx-vlm builds: "

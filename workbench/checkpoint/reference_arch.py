@@ -78,6 +78,12 @@ _LAYER_KEYS = ("layers", "n_layer", "num_blocks", "depth")
 _EXPERT_KEYS = ("experts",)
 
 
+#: infinities that mean "no bound" where the original reads them: Mamba 2's time_step_limit
+#: upper bound (transformers' default (0.0, inf), as Mamba-Codestral publishes it; a clip to inf
+#: is no clip, in transformers and in mlx-lm alike)
+_INF_OK = {"time_step_limit.1": math.inf}
+
+
 def _check_numbers(d, where="", depth=0):
     """Range-check every integer in the config (nested sections included)."""
     if depth > 8:
@@ -91,7 +97,7 @@ def _check_numbers(d, where="", depth=0):
             _check_numbers(v, key, depth + 1)
             continue
         if isinstance(v, bool) or not isinstance(v, int):
-            if isinstance(v, float) and not math.isfinite(v):
+            if isinstance(v, float) and not math.isfinite(v) and not (key in _INF_OK and v == _INF_OK[key]):
                 raise ConfigError(f"config.json: field {key!r} is {v}, not a finite number")
             continue
         name = str(k).lower()
@@ -166,6 +172,8 @@ def build_model(config: Mapping, library: str | None = None, *, placeholders: bo
     except registry.MissingExtra as e:
         raise ConfigError(f"config.json: model_type {config.get('model_type')!r} is not a supported family "
                           f"without mlx-vlm ({e})") from None
+    except registry.Departs as e:
+        raise ConfigError(f"config.json: {e}") from None
     except ValueError:
         raise ConfigError(f"config.json: model_type {config.get('model_type')!r} is not a supported family: "
                           "neither mlx-lm nor mlx-vlm builds it, and workbench has no table for it "

@@ -20,8 +20,13 @@ are wrong.  :func:`normalise` makes the config explicit before mlx-lm sees it:
    :data:`ALIASES`.
 3. **Keys nobody reads**: a key the family's ``ModelArgs`` does not read is accepted only
    when it cannot change the numbers: provenance and training settings
-   (:data:`IGNORED`), or a value equal to what the original derives without it.  Anything
-   else is refused by name (``ConfigError``: one line).  A sliding window mlx-lm's family
+   (:data:`IGNORED`), leftovers the original keeps and never reads (:data:`KEPT_UNREAD`), a
+   value equal to what the original derives without it, or a key the original reads only to
+   derive others where it derives the same (:data:`DERIVATION_ONLY`).  Anything else is refused
+   by name (``ConfigError``: one line).  A required field the config leaves null or out is
+   derived as the original's code derives it (:data:`DERIVED`); where mlx-lm's family computes
+   a config otherwise than the original and no key can say so, :data:`DEPARTURES` refuses it
+   naming how.  A sliding window mlx-lm's family
    never applies becomes :attr:`Normalised.max_tokens`: prompts up to it are exact, longer
    ones are refused at trace time.
 
@@ -41,6 +46,15 @@ from typing import Any, Mapping
 from workbench import registry
 from workbench.errors import ConfigError  # (config.json holds something the reference would get wrong)
 
+#: keys published configs carry that the original config class keeps as plain attributes and no
+#: model reads -> why they cannot change the logits (checked: no module of transformers 5.25 or
+#: mlx-lm 0.32 names them); accepted at both granularities, at any value
+KEPT_UNREAD: dict[str, str] = {
+    "is_llama_config": "a nanotron (training framework) export flag SmolLM2 publishes; no model reads it",
+    "rope_interleaved": "nanotron's RoPE layout flag, left in SmolLM2's config.json; transformers' Llama "
+                        "always rotates halves and reads no such key (any value: the original's numbers)",
+}
+
 #: keys any Hugging Face / MLX config may carry that do not change a text model's logits:
 #: provenance, storage dtype, token ids, generation and training settings, and what is
 #: read elsewhere (model_type picks the family, the quantization block is quant.py's)
@@ -58,7 +72,7 @@ COMMON_IGNORED = frozenset({
     "bad_words_ids", "num_return_sequences", "output_scores", "return_dict_in_generate",
     "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
     "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
-})
+}) | frozenset(KEPT_UNREAD)
 
 
 #: keys that never change a causal LM's logits at inference: provenance, training-only
@@ -92,6 +106,15 @@ _ROPE_FIELDS = {"gpt_neox": ("rotary_emb_base", "rotary_pct")}
 
 #: unread keys whose non-default values are a sliding window the family never applies
 _WINDOW_KEYS = ("sliding_window",)
+
+#: keys the original reads only to derive other config values -> where (checked in transformers
+#: 5.25's config classes and modeling files): such a key, off its default, is accepted when the
+#: original derives the same config with it as without it (its effect switched off by another key)
+DERIVATION_ONLY: dict[str, str] = {
+    "max_window_layers": "read only by the config classes of Qwen2/2-MoE/3/3-MoE and kin, to derive "
+                         "layer_types, and only when use_sliding_window is true (Qwen1.5-MoE publishes 21 "
+                         "with use_sliding_window false: every layer full attention either way)",
+}
 
 
 @dataclass
@@ -369,11 +392,13 @@ def normalise(config: Mapping, library: str, family: str, *, args: str = "ModelA
         if source in cfg and target in fields:
             _set(cfg, out, target, cfg[source], source)
     if original is not None:
+        _fill_derived(cfg, out, fields, family, original)
         _fill_from_original(cfg, out, fields, original)
     _fill_fixed(cfg, out, fields, family)
     if original is not None:
         _check_unread(cfg, out, fields, family, cls, original)
         _check_defaulted(cfg, fields, family)
+    _check_departures(cfg, family)
     return out
 
 
@@ -386,7 +411,18 @@ REVIEWED_DEFAULTS: dict[str, frozenset] = {
     # it (rope_parameters, filled above)
     "*": frozenset({"rope_traditional", "original_max_position_embeddings"}),
     "llama": frozenset({"layer_types", "sliding_window", "mlp_bias", "attention_bias"}),
-    "bitnet": frozenset({"mlp_bias"}), "dots1": frozenset({"mlp_bias"}), "olmo2": frozenset({"mlp_bias"}),
+    # dots1's scoring_func: a field mlx-lm declares and never reads (its router is sigmoid plus
+    # e_score_correction_bias, as transformers' Dots1TopkRouter always is)
+    "dots1": frozenset({"mlp_bias", "scoring_func"}),
+    # ernie4_5_moe: moe_capacity and moe_use_aux_free are declared, never read by mlx-lm (transformers'
+    # config has neither); moe_gate_act "softmax" is transformers' Ernie4_5_MoeTopKRouter's softmax
+    # (the family is refused below all the same: DEPARTURES)
+    "ernie4_5_moe": frozenset({"moe_capacity", "moe_use_aux_free", "moe_gate_act"}),
+    # afmoe (transformers' AfmoeTokenChoiceRouter): sigmoid scores (score_func), no expert groups
+    # (n_group = topk_group = 1: mlx-lm groups only above 1), the top-k scores always divided by
+    # their sum (route_norm true; mlx-lm divides only when k > 1: DEPARTURES)
+    "afmoe": frozenset({"route_norm", "score_func", "n_group", "topk_group"}),
+    "bitnet": frozenset({"mlp_bias"}), "olmo2": frozenset({"mlp_bias"}),
     "olmoe": frozenset({"mlp_bias"}), "granitemoehybrid": frozenset({"mlp_bias"}),
     "cohere": frozenset({"layer_norm_bias"}), "cohere2": frozenset({"layer_norm_bias"}),
     "gpt2": frozenset({"num_key_value_heads"}), "gpt_neox": frozenset({"num_key_value_heads"}),
@@ -398,6 +434,9 @@ REVIEWED_DEFAULTS: dict[str, frozenset] = {
     "hunyuan_v1_dense": frozenset({"use_qk_norm"}),
     "lfm2_moe": frozenset({"full_attn_idxs"}),  # derived from layer_types by mlx-lm itself
     "mamba": frozenset({"use_bcdt_rms", "mixer_rms_eps"}),  # set from model_type (falcon_mamba) by mlx-lm
+    # (ssm_state_size: None, which mlx-lm reads as state_size, as transformers' Mamba2Mixer does;
+    #  max_position_embeddings: a field mlx-lm's mamba2 declares and never reads)
+    "mamba2": frozenset({"ssm_state_size", "max_position_embeddings"}),
     "ministral3": frozenset({"layer_types"}),
     # (no num_key_value_heads in per_layer_config: the full layers have the sliding ones' count)
     # (sliding_window_pattern: read only without layer_types, which transformers always writes)
@@ -405,6 +444,25 @@ REVIEWED_DEFAULTS: dict[str, frozenset] = {
     "gemma4_text": frozenset({"global_partial_rotary_factor", "partial_rotary_factor", "num_global_key_value_heads",
                               "sliding_window_pattern", "vocab_size_per_layer_input"}),
 }
+
+
+#: family -> [(when, why)]: configs whose numbers mlx-lm's family computes otherwise than the
+#: original (transformers' modeling code), with no key to make them agree: refused, naming why
+DEPARTURES: dict[str, list[tuple]] = {
+    "ernie4_5_moe": [(lambda c: True,
+                      "mlx-lm's ernie4_5_moe drops moe_statics.e_score_correction_bias, which transformers' "
+                      "Ernie4_5_MoE adds to the softmax scores it picks the top-k experts by (non-zero in "
+                      "checkpoints trained with aux-free balancing): its experts would not be the original's")],
+    "afmoe": [(lambda c: c.get("num_experts_per_tok") == 1,
+               "num_experts_per_tok = 1: mlx-lm's afmoe weights the one expert by its sigmoid score, where "
+               "transformers' Afmoe divides the top-k scores by their sum (1 for one expert)")],
+}
+
+
+def _check_departures(cfg: Mapping, family: str) -> None:
+    for when, why in DEPARTURES.get(family, ()):
+        if when(cfg):
+            raise ConfigError(f"config.json: {why}")
 
 
 def _check_defaulted(cfg: dict, fields: Mapping, family: str) -> None:
@@ -461,7 +519,40 @@ FIXED: dict[str, dict[str, Any]] = {
 IMPLIED: dict[str, dict[str, Any]] = {
     "gpt_neox": {"intermediate_size": lambda c: 4 * c["hidden_size"] if isinstance(c.get("hidden_size"), int) else None},
     "phimoe": {"attention_bias": lambda c: True, "lm_head_bias": lambda c: True},
+    # (mlx-lm's mamba2 sizes its mixer num_heads * head_dim, which Mamba2Config checks equals
+    #  expand * hidden_size: expand is that ratio)
+    "mamba2": {"expand": lambda c: c["num_heads"] * c["head_dim"] // c["hidden_size"]
+               if all(isinstance(c.get(k), int) and c.get(k) > 0 for k in ("num_heads", "head_dim", "hidden_size"))
+               and c["num_heads"] * c["head_dim"] % c["hidden_size"] == 0 else None},
 }
+
+
+def _int(v):
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+#: family -> {field mlx-lm requires: (the value the original's modeling code derives where the
+#: config gives none or null, from the original's reading of the config; where it is)}
+DERIVED: dict[str, dict[str, tuple]] = {
+    "gpt_bigcode": {"n_inner": (
+        lambda o: 4 * _int(getattr(o, "n_embd", None)) if _int(getattr(o, "n_embd", None)) else None,
+        "transformers' GPTBigCodeMLP: inner_dim = n_inner if not None else 4 * hidden_size")},
+    "mamba2": {"intermediate_size": (
+        lambda o: int(o.expand * o.hidden_size) if _int(getattr(o, "expand", None)) and
+        _int(getattr(o, "hidden_size", None)) else None,
+        "transformers' Mamba2Mixer: intermediate_size = int(expand * hidden_size); Mamba2Config has no such "
+        "key and checks hidden_size * expand == num_heads * head_dim")},
+}
+
+
+def _fill_derived(cfg: dict, out: Normalised, fields: Mapping, family: str, original) -> None:
+    """A required field the config leaves out or null, derived as the original's code derives it."""
+    for name, (derive, _where) in DERIVED.get(family, {}).items():
+        if name in fields and cfg.get(name) is None:
+            v = derive(original)
+            if v is not None:
+                cfg[name] = v
+                out.filled[name] = v
 
 
 def _fill_fixed(cfg: dict, out: Normalised, fields: Mapping, family: str) -> None:
@@ -519,7 +610,9 @@ def _check_unread(cfg: dict, out: Normalised, fields: Mapping, family: str, cls,
         default = getattr(derived, key, None) if derived is not None else None
         if key in _WINDOW_KEYS:
             w = cfg[key]
-            if isinstance(w, int) and not isinstance(w, bool) and w > 0:
+            # (a window the original switches off, as Qwen's use_sliding_window false does, bounds nothing)
+            on = getattr(original, key, w) not in (None, 0)
+            if isinstance(w, int) and not isinstance(w, bool) and w > 0 and on:
                 out.max_tokens = w if out.max_tokens is None else min(out.max_tokens, w)
                 out.why_max = (f"config.json: sliding_window = {w}, which mlx-lm's {family} never applies: "
                                f"its numbers are exact for prompts up to {w} tokens")
@@ -528,6 +621,8 @@ def _check_unread(cfg: dict, out: Normalised, fields: Mapping, family: str, cls,
             continue
         if derived is not None and equal(getattr(original, key, None), default):
             continue  # the original reads the same without it (it derives the field itself)
+        if key in DERIVATION_ONLY and derived is not None and _same_reading(derived, original, key):
+            continue  # the original derives nothing different from it
         if key == "head_dim" and default is None and equal(cfg[key], _implied_head_dim(cfg)):
             continue
         implied = IMPLIED.get(family, {}).get(key)
@@ -535,6 +630,14 @@ def _check_unread(cfg: dict, out: Normalised, fields: Mapping, family: str, cls,
             continue
         raise ConfigError(f"config.json: {key} = {show(cfg[key])} is not read by mlx-lm's {family} "
                           f"(the original model's default: {show(default)}): its numbers would ignore it")
+
+
+def _same_reading(a, b, key: str) -> bool:
+    """Two readings of a config by the original's class agree on everything but ``key``."""
+    da, db = a.to_dict(), b.to_dict()
+    da.pop(key, None), db.pop(key, None)
+    da.pop("transformers_version", None), db.pop("transformers_version", None)
+    return equal(json.loads(json.dumps(da, default=str)), json.loads(json.dumps(db, default=str)))
 
 
 def _implied_head_dim(cfg: Mapping):
