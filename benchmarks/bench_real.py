@@ -64,6 +64,7 @@ import mlx.core as mx
 
 from workbench import attention as attn_math
 from workbench import fsio
+from workbench.child import popen_options, python_argv
 from workbench.device_memory import device_memory
 from workbench.trace import stats
 from workbench.trace.logits import default as default_logits
@@ -333,13 +334,14 @@ def crash_hunt_cost(path: Path, vocab: int, tokens: int, timeout: int) -> list[d
     ids = ",".join(str((7 * i + 3) % vocab) for i in range(tokens))
     out = []
     for logits in ("all", None):
-        cmd = [sys.executable, "-c", "import sys; from workbench.cli import main; sys.exit(main())",
-               "hunt", str(path), "--ids", ids, "--crash", "--json", "--timeout", str(timeout)]
+        cmd = python_argv("workbench.cli", "hunt", str(path), "--ids", ids, "--crash", "--json",
+                          "--timeout", str(timeout))  # (isolated from the working directory)
         if logits:
             cmd += ["--logits", logits]
         log(f"crash hunt, {tokens} tokens, logits {logits or 'default'}")
         t0 = time.perf_counter()
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 120, env=os.environ.copy())
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 120, env=os.environ.copy(),
+                           **popen_options())
         sec = time.perf_counter() - t0
         row = {"tokens": tokens, "logits": logits or "default", "seconds": sec, "exit_code": p.returncode}
         try:

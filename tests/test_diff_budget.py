@@ -196,6 +196,10 @@ def test_a_decode_dump_needs_no_flag(ckpt):
     assert r.first_divergence.op == "layers.0.self_attn.q_rope"
     clean, ids = dump("llama_decode_clean")
     assert compare(ckpt["llama"], clean, ids=ids, engine_adapter="transformers").clean
+    # any residual-stream op tells: here layer 1's output alone (embed_tokens and layer 0's dropped)
+    later = {k: v for k, v in clean.items() if not k.endswith(("embed_tokens", "layers.0"))}
+    r = compare(ckpt["llama"], later, ids=ids, engine_adapter="transformers")
+    assert r.clean and r.decode and "'layers.1' holds one position" in r.decode_note
 
 
 def test_another_position_count_is_one_line_naming_both(ckpt, tmp_path, capsys):

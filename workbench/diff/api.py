@@ -447,8 +447,7 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
             ref_values = glue.decode_rows(ref_values, head_ops(model.order), T)
         elif adapter is not None and adapter.output_rows:
             ref_values = glue.output_rows(ref_values, eng, head_ops(model.order), T, ainfo.setdefault("notes", {}))
-        if ainfo:
-            glue.choose(eng, ref_values, ainfo)
+        glue.choose(eng, ref_values, ainfo)
         if noise_floor is not None:
             matched, _, _ = match_names(eng.keys(), [n for n in model.order if n in model.values], rules)
             noise = run_reference(model.model, ids=model.ids, ops=list(matched) or None, dtype=noise_floor,

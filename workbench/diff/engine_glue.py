@@ -7,7 +7,9 @@ the first finding's pattern (workbench/diff/signature.py).
 """
 from __future__ import annotations
 
+import math
 import os
+import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -135,26 +137,27 @@ def choose(eng: dict, ours: Mapping[str, Any], info: dict) -> None:
             f"{en!r} names several nodes: it fits {best} (nmse {fits[0][0]:.2g})" + (f", not {others}" if others else ""))
 
 
-#: ops that hold the residual stream, one row per position: where the positions are counted
-STREAM = ("embed_tokens",)
+#: the ops that hold the residual stream, one row per position (``embed_tokens``, ``layers.{i}``):
+#: where the positions are counted
+STREAM = re.compile(r"embed_tokens|layers\.\d+")
 
 
 def infer_decode(ours: Mapping[str, Any], eng: Mapping[str, Any], rules, T: int, where: str) -> tuple[bool, str | None]:
     """Whether an engine's dump holds one decode step, read from its shapes where neither the
-    caller nor its metadata said: the first residual-stream op (``embed_tokens``, else
-    ``layers.0``) of ours holds ``T`` positions; the engine's, as many elements as ours (the
-    prompt: False), or one position's (True, with the note saying so).  Another count is a
-    DiffError naming both and the options."""
+    caller nor its metadata said: the first residual-stream op the engine dumped (:data:`STREAM`)
+    holds ``T`` positions of ours; the engine's, as many elements as ours (the prompt: False), or
+    one position's (True, with the note saying so).  Another count is a DiffError naming both
+    and the options."""
     from workbench.diff.report import DiffError, match_names
 
-    order = [n for n in (*STREAM, "layers.0") if n in ours]
+    order = [n for n in ours if STREAM.fullmatch(n)]
     matched, _, _ = match_names(eng.keys(), order, rules)
     for op in order:
         if op not in matched:
             continue
         mine, theirs = np.shape(ours[op]), np.shape(eng[matched[op]])
-        per_row = int(np.prod(mine)) // T if T else 0
-        size = int(np.prod(theirs))
+        per_row = math.prod(mine) // T if T else 0
+        size = math.prod(theirs)
         if T <= 1 or not per_row or size == per_row * T:
             return False, None
         if size == per_row:
