@@ -68,3 +68,21 @@ def test_a_name_of_several_nodes_is_matched_where_it_fits(ckpt):
     q = r["layers.1.self_attn.q_rope"]
     assert q.engine_name == "Qcur-1" and "'Qcur-1' names several nodes: it fits layers.1.self_attn.q_rope" in q.layout
     assert "not layers.1.self_attn.q_proj" in q.layout
+
+
+def test_a_name_fitting_other_than_its_last_node_is_said(ckpt):
+    """An engine whose layer-1 RoPE did nothing: its dict keeps Qcur-1 = the projection, which
+    fits q_proj, not q_rope; the report says so (summary and JSON) instead of staying silent."""
+    from workbench.diff.ggml_text import read_eval_callback
+    from workbench.diff.readers import read_dump
+
+    eng, _ = read_dump(DATA / "llama_f32_clean.ggml.safetensors")
+    printed, _, _ = read_eval_callback(DATA / "llama_f32_clean.ggml.txt")
+    proj = next(k for k in printed if k.startswith("Qcur-1@MUL_MAT"))
+    assert eng["Qcur-1"].size == printed[proj].size
+    eng["Qcur-1"] = printed[proj].reshape(eng["Qcur-1"].shape)  # (4 decimals: the printed corner, NaN elsewhere)
+    r = compare(ckpt["llama"], eng, ids=MANIFEST["ids"], engine_adapter="llama.cpp")
+    assert any("'Qcur-1' fits layers.1.self_attn.q_proj better than layers.1.self_attn.q_rope" in c
+               for c in r.cautions), r.cautions
+    assert "caution: 'Qcur-1'" in r.summary() and r.to_dict()["cautions"] == r.cautions
+    assert not compare(ckpt["llama"], str(DATA / "llama_f32_clean.ggml.safetensors"), ids=MANIFEST["ids"]).cautions

@@ -135,6 +135,10 @@ def choose(eng: dict, ours: Mapping[str, Any], info: dict) -> None:
         others = ", ".join(f"{c} {n:.2g}" for n, c in fits[1:])
         info["notes"][best] = ((note + "; ") if note else "") + (
             f"{en!r} names several nodes: it fits {best} (nmse {fits[0][0]:.2g})" + (f", not {others}" if others else ""))
+        if best != cands[0]:  # (the node written last fits worse: e.g. an engine whose RoPE did nothing)
+            info.setdefault("cautions", []).append(
+                f"{en!r} fits {best} better than {cands[0]}, the node an engine writes last under that name: "
+                f"if its dump keeps the last one written, {cands[0]} did not change its input; check it")
 
 
 #: the ops that hold the residual stream, one row per position (``embed_tokens``, ``layers.{i}``):
@@ -216,6 +220,7 @@ def output_rows(values: Mapping[str, Any], eng: Mapping[str, Any], heads: Sequen
 def finish(report, adapter: Adapter | None, info: Mapping, decode: bool, decode_note: str | None = None) -> None:
     report.decode = bool(decode)
     report.decode_note = decode_note
+    report.cautions = list(info.get("cautions", ()))
     if adapter is None:
         return
     report.engine = adapter.name

@@ -170,6 +170,9 @@ class DiffReport:
     decode: bool = False
     #: how the decode step was known when neither the caller nor the dump said (its shapes)
     decode_note: str | None = None
+    #: what the diff chose that could hide a bug (a name of several nodes matched to another
+    #: than the one written last): said in the summary and --json, never silently
+    cautions: list = field(default_factory=list)
     #: the first finding's pattern ({"op", "pattern", "text"}: workbench/diff/signature.py), or None
     pattern: dict | None = None
     #: engine tensors an adapter left out on purpose -> why (no op of ours, the same as another)
@@ -370,6 +373,7 @@ class DiffReport:
             "engine": self.engine,
             "decode": self.decode,
             "decode_note": self.decode_note,
+            "cautions": list(self.cautions),
             "pattern": self.pattern,
             "dropped_why": dict(self.dropped_why),
             "engine_precision": None if self.engine_precision is None else self.engine_precision.to_dict(),
@@ -425,6 +429,7 @@ class DiffReport:
             lines.append("  " + self.engine_precision.text())
         if self.pattern:
             lines.append(f"  pattern ({self.pattern['op']}): {self.pattern['pattern']}: {self.pattern['text']}")
+        lines += [f"  caution: {c}" for c in self.cautions]
         if not (fd is None and low):
             lines.append("  coverage: " + self.coverage_text()
                          + ("" if low is None else f" (under the {MIN_COVERAGE:.0%} needed to vouch for the rest)"))
