@@ -181,10 +181,13 @@ class Departs(ValueError):
 #: workbench does not map them: where that module departs from transformers' model).  A model type
 #: whose module computes what the original does would map (None as the reason).
 ELSEWHERE: dict[str, tuple[str, str | None]] = {
-    "hunyuan_v1_moe": ("hunyuan", "mlx-lm's hunyuan (its name for the family) weights the top-k experts by "
-                                  "their softmax probabilities as they are, where transformers' HunYuanMoEV1 "
-                                  "renormalises the top-k weights to sum 1 (and always adds its shared MLP): "
-                                  "its logits would not be the original's"),
+    # (transformers' Ministral: Mistral with layer_types, the window on the sliding layers only, which
+    #  mlx-lm's llama reads: 7.7e-7 of max |logit| vs torch, tests/data/archs/ministral)
+    "ministral": ("llama", None),
+    # (transformers' HunYuanMoEV1: mlx-lm's hunyuan, its routing corrected -- the top-k weights
+    #  renormalised, the shared MLP always added, one expert a mixture too -- its fixed options and
+    #  NTK-alpha RoPE filled by the reader: checkpoint/corrections/routing.py, tests/data/archs/hunyuan_v1_moe)
+    "hunyuan_v1_moe": ("hunyuan", None),
 }
 
 

@@ -65,6 +65,9 @@ LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0,
             "short_factor": [1.0, 1.02, 1.1, 1.3, 1.6, 2.1, 2.8, 3.6],
             "long_factor": [1.0, 1.5, 2.5, 4.0, 7.0, 12.0, 20.0, 32.0]}
 
+#: Phi-3.5-MoE's LongRoPE: its published attention scales (short_mscale = long_mscale), shrunk factors
+PHIMOE_LONGROPE = dict(LONGROPE, short_mscale=1.243163121016122, long_mscale=1.243163121016122)
+
 #: case -> (transformers model_type, config fields on top of SHRINK)
 CASES: dict[str, tuple[str, dict]] = {
     # the op families (also traced op by op)
@@ -72,6 +75,9 @@ CASES: dict[str, tuple[str, dict]] = {
     "mistral": ("mistral", _rope()),
     "qwen2": ("qwen2", _rope()),
     "qwen3": ("qwen3", _rope()),
+    # Qwen's own window: use_sliding_window true slides the layers from max_window_layers on (here layer 1)
+    "qwen2_window": ("qwen2", dict(_rope(), use_sliding_window=True, max_window_layers=1)),
+    "qwen3_window": ("qwen3", dict(_rope(), use_sliding_window=True, max_window_layers=1)),
     # (hidden 80: sqrt(80) is not a bfloat16, so an embedding scale rounded to one shows)
     "gemma3_text": ("gemma3_text", dict(hidden_size=80, query_pre_attn_scalar=24,
                                         layer_types=["sliding_attention", "full_attention"],
@@ -90,6 +96,14 @@ CASES: dict[str, tuple[str, dict]] = {
                                           hidden_size_per_layer_input=16, num_kv_shared_layers=0,
                                           laurel_rank=8, layer_types=["sliding_attention", "full_attention"],
                                           activation_sparsity_pattern=[0.0, 0.0], intermediate_size=[128, 128])),
+    # Gemma 3n as E2B publishes it, shrunk (30 layers -> 10): four local layers then a global one;
+    # the last layers (10 of 30 there, 4 of 10 here) carry no k/v weights and read the k/v of the
+    # last earlier layer of their kind; a Gaussian top-k (0.95) on the first layers' MLP gate
+    "gemma3n_e2b": ("gemma3n_text", dict(num_hidden_layers=10, vocab_size_per_layer_input=256,
+                                         hidden_size_per_layer_input=16, laurel_rank=8, num_kv_shared_layers=4,
+                                         layer_types=(["sliding_attention"] * 4 + ["full_attention"]) * 2,
+                                         activation_sparsity_pattern=[0.95] * 4 + [0.0] * 6,
+                                         intermediate_size=[128] * 10)),
     # dense
     "gemma": ("gemma", dict(_rope(), hidden_size=80)),
     "gemma2": ("gemma2", dict(_rope(), hidden_size=80, query_pre_attn_scalar=24, attn_logit_softcapping=20.0,
@@ -104,6 +118,8 @@ CASES: dict[str, tuple[str, dict]] = {
     # Phi-3-mini-4k's RoPE (transformers' defaults: every dimension rotated, base 10000)
     "phi3_4k": ("phi3", dict(sliding_window=None)),
     "starcoder2": ("starcoder2", _rope()),
+    # Ministral (mlx-lm builds it as llama): a window on the layers layer_types marks sliding
+    "ministral": ("ministral", dict(_rope(), layer_types=["sliding_attention", "full_attention"])),
     "cohere": ("cohere", dict(_rope(), logit_scale=0.125, use_qk_norm=False)),
     "cohere2": ("cohere2", dict(_rope(), logit_scale=0.125, layer_types=["sliding_attention", "full_attention"])),
     "smollm3": ("smollm3", dict(_rope(), no_rope_layers=[1, 0])),
@@ -127,13 +143,47 @@ CASES: dict[str, tuple[str, dict]] = {
     "hunyuan_v1_dense": ("hunyuan_v1_dense", _rope()),
     "nemotron": ("nemotron", _rope(partial_rotary_factor=0.5)),
     "olmo": ("olmo", _rope()),
+    # dynamic NTK RoPE: the 12-token prompt passes max_position_embeddings (8), so the base grows
+    "olmo2_dynamic": ("olmo2", dict(max_position_embeddings=8,
+                                    rope_parameters={"rope_type": "dynamic", "rope_theta": 5000.0, "factor": 2.0})),
+    # the same on an op family (op level computes the frequencies per forward: workbench/rope.py)
+    "llama_dynamic": ("llama", dict(max_position_embeddings=8,
+                                    rope_parameters={"rope_type": "dynamic", "rope_theta": 5000.0, "factor": 2.0})),
+    # GPT-BigCode with transformers' default n_inner (null: 4 x n_embd)
+    "gpt_bigcode_inner_null": ("gpt_bigcode", dict(n_inner=None)),
     # mixture of experts
     "mixtral": ("mixtral", _rope()),
     "qwen2_moe": ("qwen2_moe", dict(_rope(), decoder_sparse_step=1, mlp_only_layers=[])),
+    "qwen2_moe_norm_topk": ("qwen2_moe", dict(_rope(), decoder_sparse_step=1, mlp_only_layers=[],
+                                              norm_topk_prob=True)),
+    # Qwen2-MoE's window: the even layers below max_window_layers (here layer 0)
+    "qwen2_moe_window": ("qwen2_moe", dict(_rope(), decoder_sparse_step=1, mlp_only_layers=[],
+                                           use_sliding_window=True, max_window_layers=2)),
     "qwen3_moe": ("qwen3_moe", dict(_rope(), decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True)),
     "olmoe": ("olmoe", _rope()),
     "phimoe": ("phimoe", dict(_rope(), attention_bias=True, lm_head_bias=True)),
+    # Phi-3.5-MoE's LongRoPE (short_mscale / long_mscale as it publishes them), a 12-token prompt
+    # under original_max_position_embeddings (64) and over it (8)
+    "phimoe_longrope": ("phimoe", dict(sliding_window=None, attention_bias=True, lm_head_bias=True,
+                                       rope_parameters=dict(PHIMOE_LONGROPE, original_max_position_embeddings=64))),
+    "phimoe_longrope_long": ("phimoe", dict(sliding_window=None, attention_bias=True, lm_head_bias=True,
+                                            rope_parameters=dict(PHIMOE_LONGROPE, original_max_position_embeddings=8))),
     "granitemoe": ("granitemoe", _rope()),
+    # HunYuan-MoE (mlx-lm's hunyuan): top 2 of 4 experts renormalised, and its shared MLP
+    "hunyuan_v1_moe": ("hunyuan_v1_moe", dict(_rope(), moe_topk=2)),
+    # ERNIE 4.5 MoE: a dense first layer, then 4 experts (top 2) picked by their softmax plus the
+    # aux-free balancing bias (moe_statics.e_score_correction_bias: written, so non-zero here)
+    "ernie4_5_moe": ("ernie4_5_moe", dict(_rope(), moe_num_experts=4, moe_k=2, moe_num_shared_experts=1,
+                                          moe_layer_start_index=1, tie_word_embeddings=False)),
+    # AFMoE with one expert a token: transformers divides its sigmoid score by itself (weight 1, times
+    # route_scale); a dense first layer, a sliding then a global layer
+    "afmoe_top1": ("afmoe", dict(_rope(), num_experts_per_tok=1, num_dense_layers=1, global_attn_every_n_layers=2,
+                                 layer_types=["sliding_attention", "full_attention"])),
+    # transformers' defaults, one expert (still a gate, the expert and the shared MLP), tied head, and
+    # the NTK-alpha RoPE Hunyuan-A13B publishes (alpha 1000; "dynamic" with an alpha is a fixed base)
+    "hunyuan_v1_moe_one_expert": ("hunyuan_v1_moe", dict(num_experts=1, moe_topk=1, tie_word_embeddings=True,
+                                                         rope_parameters={"rope_type": "dynamic", "alpha": 1000.0,
+                                                                          "factor": 1.0, "rope_theta": 5000.0})),
     "deepseek_v2": ("deepseek_v2", dict(YARN, q_lora_rank=None, n_group=1, topk_group=1, head_dim=8,
                                         num_key_value_heads=4)),
     "deepseek_v3": ("deepseek_v3", dict(YARN, head_dim=8, num_key_value_heads=4)),
@@ -148,6 +198,16 @@ CASES: dict[str, tuple[str, dict]] = {
     # top-2 weights of the softmax over all experts, unrenormalised)
     "jamba": ("jamba", dict(attn_layer_period=2, attn_layer_offset=1, expert_layer_period=1, expert_layer_offset=0,
                             mamba_d_state=8)),
+    # Jamba with experts every third layer from layer 1 (1 and 4 of 5: mlx-lm reads the offset as (i + offset) % period)
+    "jamba_period3": ("jamba", dict(num_hidden_layers=5, attn_layer_period=2, attn_layer_offset=1,
+                                    expert_layer_period=3, expert_layer_offset=1, mamba_d_state=8)),
+    # Nemotron-H (Mamba-2, attention, MLP layers): transformers writes its time_step_limit [0, inf] as
+    # [0.0, {"__float__": "Infinity"}]; (NemotronHConfig declares a sliding_window no module reads: null)
+    "nemotron_h": ("nemotron_h", dict(sliding_window=None, hybrid_override_pattern="M*M-", mamba_num_heads=8,
+                                      mamba_head_dim=8, ssm_state_size=8, n_groups=1, mamba_d_conv=4)),
+    # the same with a window its config class declares and nothing reads (12 tokens past window 4)
+    "nemotron_h_window": ("nemotron_h", dict(sliding_window=4, hybrid_override_pattern="M*M-", mamba_num_heads=8,
+                                             mamba_head_dim=8, ssm_state_size=8, n_groups=1, mamba_d_conv=4)),
     "qwen3_next": ("qwen3_next", dict(_rope(partial_rotary_factor=0.5),
                                       layer_types=["linear_attention", "full_attention"],
                                       linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,

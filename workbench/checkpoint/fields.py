@@ -1,5 +1,5 @@
-"""What a family file (workbench/models/<family>.py) reads config.json with, and writes its
-tensor table into: the one set of config-reading rules every family shares.
+"""What a family file (workbench/checkpoint/families/<family>.py) reads config.json with,
+and writes its tensor table into: the one set of config-reading rules every family shares.
 
 * :class:`ConfigError`: config.json does not describe a usable model (the message names the
   key); every refusal in one line;
@@ -54,7 +54,7 @@ class Arch:
     moe: dict | None = None
     neutral_norm: float = 1.0
     tied: bool = True
-    spec: Any = None  # the family's Config (workbench/models/<family>.py): what its op program reads
+    spec: Any = None  # the family's Config (checkpoint/families/<family>.py): what its op program reads
 
     def add(self, name, shape, kind, layer=None, **kw):
         self.expected[name] = Expected(name, tuple(int(s) for s in shape), kind, layer, **kw)
@@ -195,6 +195,9 @@ ROPE_TYPES = {
     "yarn": ("factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow",
              "mscale", "mscale_all_dim", "truncate"),
     "proportional": ("factor", "partial_rotary_factor"),
+    # (the frequencies depend on the sequence's length past the config's max_position_embeddings,
+    # which read_rope_flat adds: workbench/rope.py computes them per forward)
+    "dynamic": ("factor",),
 }
 
 
@@ -224,7 +227,7 @@ def read_rope(p, where: str, theta_default=None) -> dict:
     elif prf != 1.0:
         raise ConfigError(f"config.json: {where}.partial_rotary_factor = {prf:g} is not handled for rope type {t!r} "
                           "(only 1.0: every dimension rotates)")
-    if t in ("linear", "llama3", "yarn"):
+    if t in ("linear", "llama3", "yarn", "dynamic"):
         out["factor"] = read_float(p, "factor", where=f"{where}.factor")
     if t == "llama3":
         for k in ("low_freq_factor", "high_freq_factor"):
@@ -266,6 +269,8 @@ def read_rope_flat(tc, theta_default) -> dict:
                           f"{show(rp['rope_theta'])} disagree")
     if len(read) == 2 and read[0] != read[1]:
         raise ConfigError("config.json: rope_parameters and rope_scaling describe different RoPE")
+    if read[0]["rope_type"] == "dynamic":  # (transformers scales past the config's max_position_embeddings)
+        read[0]["max_position_embeddings"] = read_int(tc, "max_position_embeddings", where="max_position_embeddings")
     return {"full_attention": read[0], "sliding_attention": read[0]}
 
 
@@ -286,6 +291,9 @@ def read_rope_by_type(tc, defaults: dict, where="rope_parameters") -> dict:
         if p is None:
             raise ConfigError(f"config.json: {where}.{lt} is null (a layer type without RoPE is not handled)")
         out[lt] = dict(p) if isinstance(p, dict) else p
+        if isinstance(p, dict) and p.get("rope_type", p.get("type")) == "dynamic":
+            raise ConfigError(f"config.json: {where}.{lt}.rope_type 'dynamic' is not handled per layer type "
+                              "(it is for one RoPE of every layer: rope_parameters.rope_type)")
     return out
 
 

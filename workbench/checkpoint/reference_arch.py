@@ -37,6 +37,7 @@ from typing import Mapping
 from dataclasses import dataclass, field
 
 from workbench import registry
+from workbench.checkpoint import corrections
 from workbench.checkpoint import names as N
 from workbench.checkpoint import reference_config
 from workbench.errors import ConfigError  # (the reference cannot build a model from this config.json)
@@ -189,7 +190,6 @@ def build_model(config: Mapping, library: str | None = None, *, placeholders: bo
         with no_allocation() if placeholders else contextlib.nullcontext():
             model = mod.Model(args_cls.from_dict(cfg)) if lib == "mlx_lm" else _build_vlm(mod, cfg)
         if lib == "mlx_lm":  # what loading corrects in mlx-lm's model, or refuses (ConfigError), as loading does
-            from workbench.reference import corrections
             corrections.correct(model, name, config)
     except ConfigError:
         raise

@@ -26,9 +26,16 @@ are wrong.  :func:`normalise` makes the config explicit before mlx-lm sees it:
    by name (``ConfigError``: one line).  A required field the config leaves null or out is
    derived as the original's code derives it (:data:`DERIVED`); where mlx-lm's family computes
    a config otherwise than the original and no key can say so, :data:`DEPARTURES` refuses it
-   naming how.  A sliding window mlx-lm's family
-   never applies becomes :attr:`Normalised.max_tokens`: prompts up to it are exact, longer
-   ones are refused at trace time.
+   naming how; a field mlx-lm reads under the original's key with another meaning is given the
+   value that means the original's (:data:`REMEANT`: Jamba's expert layers), and one the original
+   has no option for is filled at what the original computes, another value refused
+   (:data:`FIXED`).  A sliding window mlx-lm's family
+   never applies is applied at module level where :data:`WINDOWS_APPLIED` has the original's
+   rule (checkpoint/corrections/windows.py); any other becomes :attr:`Normalised.max_tokens`:
+   prompts up to it are exact, longer ones are refused at trace time (but a window no module
+   reads, :data:`WINDOW_UNREAD`).  Keys a correction reads
+   as the original does are in :data:`READ_BY_CORRECTIONS`; transformers' tagged floats
+   (``{"__float__": "Infinity"}``) are read as the floats they are.
 
 Everything here is pure config work: nothing is built, nothing allocated.
 """
@@ -53,6 +60,12 @@ KEPT_UNREAD: dict[str, str] = {
     "is_llama_config": "a nanotron (training framework) export flag SmolLM2 publishes; no model reads it",
     "rope_interleaved": "nanotron's RoPE layout flag, left in SmolLM2's config.json; transformers' Llama "
                         "always rotates halves and reads no such key (any value: the original's numbers)",
+    "transformers.js_config": "transformers.js's (ONNX runtime) export hints SmolLM2 publishes; no Python model "
+                              "reads them",
+    "use_mrope": "Qwen2.5's config.json carries Qwen2-VL's multimodal-RoPE flag; Qwen2Config keeps it as a plain "
+                 "attribute and no text model of transformers or mlx-lm reads it",
+    "cache_implementation": "which KV-cache class generate() builds (Gemma 2/3 publish \"hybrid\"): read by "
+                            "transformers' GenerationConfig, never by a model's forward",
 }
 
 #: keys any Hugging Face / MLX config may carry that do not change a text model's logits:
@@ -63,6 +76,7 @@ COMMON_IGNORED = frozenset({
     "architectures", "transformers_version", "_name_or_path", "torch_dtype", "dtype", "use_cache",
     "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
     "initializer_range", "attention_dropout", "output_hidden_states", "output_attentions", "return_dict",
+    "embd_pdrop", "resid_pdrop",  # (dropout: training only; Llama-family exports such as Nanbeige carry them)
     "chunk_size_feed_forward", "is_encoder_decoder", "is_decoder", "id2label", "label2id", "problem_type",
     "tokenizer_class", "prefix", "finetuning_task", "task_specific_params", "torchscript", "use_bfloat16",
     "tf_legacy_loss", "pruned_heads", "tie_encoder_decoder", "add_cross_attention",
@@ -107,6 +121,43 @@ _ROPE_FIELDS = {"gpt_neox": ("rotary_emb_base", "rotary_pct")}
 #: unread keys whose non-default values are a sliding window the family never applies
 _WINDOW_KEYS = ("sliding_window",)
 
+#: original model_type -> which of its layers slide, for the originals whose sliding window mlx-lm's
+#: family never applies (or, for Mistral through mlx-lm's llama, applies only where layer_types
+#: says) and workbench applies at module level as transformers does (checkpoint/corrections/
+#: windows.py): its prompts are not bounded by the window
+WINDOWS_APPLIED: dict[str, str] = {
+    "gemma2": "layer_types", "mistral": "every layer", "mixtral": "every layer", "phi3": "every layer",
+    "phimoe": "every layer", "starcoder2": "every layer",
+    # (Qwen: the window only with use_sliding_window true, on the layers the config class derives from
+    #  max_window_layers -- Qwen2 / Qwen3 from that layer on, Qwen2-MoE the even layers below it --
+    #  unless layer_types is given)
+    "qwen2": "layer_types", "qwen2_moe": "layer_types", "qwen3": "layer_types",
+}
+
+#: original model_type -> why its config's sliding_window bounds nothing: its config class declares
+#: the key, and no module of the original nor of mlx-lm's family reads it (accepted at any value)
+WINDOW_UNREAD: dict[str, str] = {
+    "nemotron_h": "NemotronHConfig declares sliding_window, but transformers' NemotronH masks its attention "
+                  "layers with create_causal_mask (full) and builds its cache from layer_types (full_attention), "
+                  "and mlx-lm's nemotron_h reads no window: no prompt length changes the numbers",
+}
+
+#: family -> {key its mlx-lm module does not read: the correction that reads it as the original
+#: does (checkpoint/corrections/)}
+READ_BY_CORRECTIONS: dict[str, dict[str, str]] = {
+    "qwen2_moe": {"norm_topk_prob": "routing.py: the top-k weights divided by their sum, as transformers' "
+                                    "Qwen2MoeTopKRouter does",
+                  "use_sliding_window": "windows.py", "max_window_layers": "windows.py"},
+    # (windows.py: the layers the original slides, from its layer_types derived as transformers derives it)
+    **{f: {"use_sliding_window": "windows.py", "max_window_layers": "windows.py"} for f in ("qwen2", "qwen3")},
+    "ernie4_5_moe": {"moe_norm_min": "routing.py: the floor of the top-k weights' sum, as transformers' "
+                                     "Ernie4_5_MoeTopKRouter clamps it"},
+    # (activation.py: the MLP runs the activation the original reads, where mlx-lm hard-codes one)
+    "starcoder2": {"hidden_act": "activation.py"}, "gpt_bigcode": {"activation_function": "activation.py"},
+    "gpt_neox": {"hidden_act": "activation.py"},
+    "gemma": {"hidden_act": "activation.py", "hidden_activation": "activation.py"},
+}
+
 #: keys the original reads only to derive other config values -> where (checked in transformers
 #: 5.25's config classes and modeling files): such a key, off its default, is accepted when the
 #: original derives the same config with it as without it (its effect switched off by another key)
@@ -114,6 +165,8 @@ DERIVATION_ONLY: dict[str, str] = {
     "max_window_layers": "read only by the config classes of Qwen2/2-MoE/3/3-MoE and kin, to derive "
                          "layer_types, and only when use_sliding_window is true (Qwen1.5-MoE publishes 21 "
                          "with use_sliding_window false: every layer full attention either way)",
+    "global_attn_every_n_layers": "read only by AfmoeConfig, to derive layer_types when the config has none "
+                                  "(transformers writes layer_types beside it; mlx-lm's afmoe reads layer_types)",
 }
 
 
@@ -162,7 +215,7 @@ def _read_with(cls, cfg: Mapping):
     """``cls.from_dict(cfg)``, quietly; None when transformers refuses the config."""
     tlog = logging.getLogger("transformers")
     level = tlog.level
-    tlog.setLevel(logging.ERROR)
+    tlog.setLevel(logging.CRITICAL)  # (its "Can't set ..." errors: a config it refuses, None here)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -348,11 +401,28 @@ def _apply_layer_types(cfg: dict, out: Normalised, fields: Mapping, family: str)
 
 # ---------------------------------------------------------------------- the whole config
 
+#: how transformers writes a float JSON has no literal for (PreTrainedConfig._encode_special_floats:
+#: Nemotron-H's time_step_limit [0.0, inf] is written [0.0, {"__float__": "Infinity"}])
+_SPECIAL_FLOATS = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
+
+
+def special_floats(v):
+    """``v`` with transformers' tagged floats ({"__float__": "Infinity"}) read as the floats they
+    are, as transformers reads config.json."""
+    if isinstance(v, dict):
+        if set(v) == {"__float__"} and v["__float__"] in _SPECIAL_FLOATS:
+            return _SPECIAL_FLOATS[v["__float__"]]
+        return {k: special_floats(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [special_floats(x) for x in v]
+    return v
+
+
 def normalise(config: Mapping, library: str, family: str, *, args: str = "ModelArgs") -> Normalised:
     """The config (a deep copy) in the form ``library``'s ``family`` reads (through its
     dataclass ``args``); ConfigError naming the key when something it would get wrong cannot
     be made explicit."""
-    cfg = copy.deepcopy(dict(config))
+    cfg = special_floats(copy.deepcopy(dict(config)))
     out = Normalised(cfg)
     if library != "mlx_lm":
         return out
@@ -394,7 +464,9 @@ def normalise(config: Mapping, library: str, family: str, *, args: str = "ModelA
     if original is not None:
         _fill_derived(cfg, out, fields, family, original)
         _fill_from_original(cfg, out, fields, original)
-    _fill_fixed(cfg, out, fields, family)
+    _fill_fixed(cfg, out, fields, family, cls)
+    _alpha_rope(cfg, out)
+    _remeant(cfg, out, fields, family)
     if original is not None:
         _check_unread(cfg, out, fields, family, cls, original)
         _check_defaulted(cfg, fields, family)
@@ -415,12 +487,15 @@ REVIEWED_DEFAULTS: dict[str, frozenset] = {
     # e_score_correction_bias, as transformers' Dots1TopkRouter always is)
     "dots1": frozenset({"mlp_bias", "scoring_func"}),
     # ernie4_5_moe: moe_capacity and moe_use_aux_free are declared, never read by mlx-lm (transformers'
-    # config has neither); moe_gate_act "softmax" is transformers' Ernie4_5_MoeTopKRouter's softmax
-    # (the family is refused below all the same: DEPARTURES)
+    # config has neither: its router always adds e_score_correction_bias, zero where aux-free balancing
+    # was off); moe_gate_act is no option of the original (its Ernie4_5_MoeTopKRouter is a softmax),
+    # and the corrected router (checkpoint/corrections/routing.py) never reads it: at any value, the
+    # original's numbers
     "ernie4_5_moe": frozenset({"moe_capacity", "moe_use_aux_free", "moe_gate_act"}),
     # afmoe (transformers' AfmoeTokenChoiceRouter): sigmoid scores (score_func), no expert groups
     # (n_group = topk_group = 1: mlx-lm groups only above 1), the top-k scores always divided by
-    # their sum (route_norm true; mlx-lm divides only when k > 1: DEPARTURES)
+    # their sum (route_norm true); the corrected router (checkpoint/corrections/routing.py) reads
+    # none of the four: at any value, the original's numbers
     "afmoe": frozenset({"route_norm", "score_func", "n_group", "topk_group"}),
     "bitnet": frozenset({"mlp_bias"}), "olmo2": frozenset({"mlp_bias"}),
     "olmoe": frozenset({"mlp_bias"}), "granitemoehybrid": frozenset({"mlp_bias"}),
@@ -449,13 +524,8 @@ REVIEWED_DEFAULTS: dict[str, frozenset] = {
 #: family -> [(when, why)]: configs whose numbers mlx-lm's family computes otherwise than the
 #: original (transformers' modeling code), with no key to make them agree: refused, naming why
 DEPARTURES: dict[str, list[tuple]] = {
-    "ernie4_5_moe": [(lambda c: True,
-                      "mlx-lm's ernie4_5_moe drops moe_statics.e_score_correction_bias, which transformers' "
-                      "Ernie4_5_MoE adds to the softmax scores it picks the top-k experts by (non-zero in "
-                      "checkpoints trained with aux-free balancing): its experts would not be the original's")],
-    "afmoe": [(lambda c: c.get("num_experts_per_tok") == 1,
-               "num_experts_per_tok = 1: mlx-lm's afmoe weights the one expert by its sigmoid score, where "
-               "transformers' Afmoe divides the top-k scores by their sum (1 for one expert)")],
+    # (none left: ernie4_5_moe's e_score_correction_bias and afmoe's one expert a token are corrected,
+    #  checkpoint/corrections/routing.py)
 }
 
 
@@ -509,11 +579,70 @@ def _apply_per_layer_config(cfg: dict, out: Normalised, fields: Mapping, family:
     out.consumed.add("per_layer_config")
 
 
-#: family -> fields mlx-lm requires that the original has no key for, at what the original
-#: architecture fixes them to (transformers' modeling code, not its config)
+#: original model_type -> fields mlx-lm requires that the original has no key for, at what the
+#: original architecture fixes them to (transformers' modeling code, not its config): filled when
+#: the config lacks them; a config giving another value (one the original would not read) is
+#: refused by name, unless it computes the same (:func:`_as_fixed`)
 FIXED: dict[str, dict[str, Any]] = {
     "apertus": {"mlp_bias": False, "post_norm": False, "qk_norm": True},
+    # (transformers' HunYuanMoEV1, built by mlx-lm's hunyuan: one shared MLP of intermediate_size
+    #  always added, q/k norms after RoPE, its own k/v on every layer (no cross-layer attention:
+    #  cla_share_factor is read only with use_cla), experts of intermediate_size)
+    "hunyuan_v1_moe": {"num_shared_expert": 1, "use_mixed_mlp_moe": True, "use_qk_norm": True, "use_cla": False,
+                       "cla_share_factor": 1, "moe_intermediate_size": None},
 }
+
+
+#: family -> {field mlx-lm reads under the original's key with another meaning: (the value that
+#: gives mlx-lm's family the original's meaning, from the config as filled; why)}
+REMEANT: dict[str, dict[str, tuple]] = {
+    "jamba": {"expert_layer_offset": (
+        lambda c: -c["expert_layer_offset"] % c["expert_layer_period"]
+        if all(isinstance(c.get(k), int) and not isinstance(c.get(k), bool) for k in
+               ("expert_layer_offset", "expert_layer_period")) and c["expert_layer_period"] > 0 else None,
+        "transformers' Jamba puts experts on the layers i with i % expert_layer_period == expert_layer_offset, "
+        "mlx-lm's jamba on those with (i + expert_layer_offset) % expert_layer_period == 0 (the same layers "
+        "for periods 1 and 2 only)")},
+}
+
+
+def _remeant(cfg: dict, out: Normalised, fields: Mapping, family: str) -> None:
+    """Each :data:`REMEANT` field given the value that means to mlx-lm what the config means."""
+    for name, (value, _why) in REMEANT.get(family, {}).items():
+        v = value(cfg) if name in fields else None
+        if v is not None and not equal(v, cfg.get(name)):
+            cfg[name] = v
+            out.filled[name] = v
+
+
+def _as_fixed(cfg: Mapping, key: str, fixed) -> bool:
+    """A config's own value of a FIXED field computes what the original's fixed one does: per
+    layer, the same everywhere; HunYuan's expert size, the MLP's; a factor its switch turns off."""
+    if key == "cla_share_factor":
+        return cfg.get("use_cla") is False
+    vals = cfg[key] if isinstance(cfg[key], list) and cfg[key] else [cfg[key]]
+    want = cfg.get("intermediate_size") if key == "moe_intermediate_size" else fixed
+    return all(equal(v, want) for v in vals)
+
+
+def _alpha_rope(cfg: dict, out: Normalised) -> None:
+    """mlx-lm's hunyuan always rotates with NTK-alpha scaling (``rope_scaling["alpha"]``: the base
+    times alpha ** (d / (d - 2)), transformers' HunYuanMoEV1 "ntk_alpha"); its plain RoPE is alpha 1;
+    a scaling of another kind (linear, dynamic NTK without alpha) it cannot compute: refused."""
+    if cfg.get("model_type") != "hunyuan_v1_moe":
+        return
+    s = cfg.get("rope_scaling")
+    if s is None:
+        s = {"type": "dynamic", "factor": 1.0, "alpha": 1.0}
+    elif isinstance(s, Mapping) and s.get("rope_type", s.get("type")) == "dynamic" and \
+            isinstance(s.get("alpha"), (int, float)) and not isinstance(s.get("alpha"), bool) and s["alpha"] > 0:
+        s = {"factor": 1.0, **s, "type": "dynamic"}
+    else:
+        raise ConfigError(f"config.json: RoPE scaling {show(s)}: mlx-lm's hunyuan rotates with NTK alpha scaling "
+                          "only (rope type dynamic with an alpha)")
+    if not equal(s, cfg.get("rope_scaling")):
+        cfg["rope_scaling"] = s
+        out.filled["rope_scaling"] = s
 
 #: family -> {unread key: the value the family's code assumes, from the config}
 IMPLIED: dict[str, dict[str, Any]] = {
@@ -555,13 +684,17 @@ def _fill_derived(cfg: dict, out: Normalised, fields: Mapping, family: str, orig
                 out.filled[name] = v
 
 
-def _fill_fixed(cfg: dict, out: Normalised, fields: Mapping, family: str) -> None:
+def _fill_fixed(cfg: dict, out: Normalised, fields: Mapping, family: str, cls=None) -> None:
     """Required fields the original never writes: the architecture's fixed values, the head
     size transformers implies (hidden / heads), no RoPE scaling when rope_parameters says none."""
-    for k, v in FIXED.get(family, {}).items():
+    mt = cfg.get("model_type")
+    for k, v in FIXED.get(mt, {}).items():
         if k in fields and k not in cfg:
             cfg[k] = v
             out.filled[k] = v
+        elif k in fields and cls is not None and k not in _declared(cls) and not _as_fixed(cfg, k, v):
+            raise ConfigError(f"config.json: {k} = {show(cfg[k])}, but the original {mt} has no such option "
+                              f"(it computes as {k} = {show(v)}), and mlx-lm's {family} would read it")
     if "head_dim" in fields and cfg.get("head_dim") is None:
         hd = _implied_head_dim(cfg)
         if hd is not None:
@@ -603,11 +736,18 @@ def _check_unread(cfg: dict, out: Normalised, fields: Mapping, family: str, cls,
             continue
         if key not in _declared(cls):
             continue  # neither the reference nor the original declares it: nobody reads it
+        if key in READ_BY_CORRECTIONS.get(family, {}):
+            continue
+        if cfg.get("model_type") in WINDOWS_APPLIED and (key in _WINDOW_KEYS or (
+                key == "layer_types" and WINDOWS_APPLIED[cfg["model_type"]] == "layer_types")):
+            continue  # (applied at module level, on the layers it marks: checkpoint/corrections/windows.py)
         without = {k: v for k, v in cfg.items() if k != key}
         derived = _read_with(cls, without)
         if derived is None:  # (the original cannot read the config without it: its class default)
             derived = _read_with(cls, {"model_type": cfg.get("model_type")})
         default = getattr(derived, key, None) if derived is not None else None
+        if key in _WINDOW_KEYS and cfg.get("model_type") in WINDOW_UNREAD:
+            continue  # (a window nobody applies: WINDOW_UNREAD)
         if key in _WINDOW_KEYS:
             w = cfg[key]
             # (a window the original switches off, as Qwen's use_sliding_window false does, bounds nothing)
@@ -650,6 +790,8 @@ def _window_everywhere(cfg: dict, out: Normalised, fields: Mapping, family: str)
     (mlx-lm's llama) given a config whose original applies it to every layer (Mistral:
     no layer_types): exact up to the window, bounded there."""
     w = cfg.get("sliding_window")
+    if cfg.get("model_type") in WINDOWS_APPLIED:
+        return  # (applied at module level: checkpoint/corrections/windows.py)
     if "layer_types" not in fields or "sliding_window" not in fields or cfg.get("layer_types") is not None \
             or isinstance(w, bool) or not isinstance(w, int) or w <= 0 or cfg.get("use_sliding_window") is False \
             or any(p in cfg for p in _PERIODS):  # (a pattern is given: the window is the sliding layers')

@@ -22,7 +22,7 @@ import mlx.nn as nn
 
 from workbench import registry
 from workbench.checkpoint import layouts, reference_arch, reference_config
-from workbench.reference import corrections
+from workbench.checkpoint import corrections
 from workbench.dtypes import dtype_name, parse_dtype
 from workbench.reference import recorder as R
 from workbench.text import TextCodec
@@ -179,7 +179,8 @@ def _restore(cache, snap) -> None:
 
 
 class ReferenceModel(TextCodec):
-    """A checkpoint opened by its reference implementation, traced module by module."""
+    """A checkpoint opened by its reference implementation, traced module by module (what a
+    trace needs of it: :class:`workbench.traceable.ModuleTraceable`)."""
 
     granularity = "module"
 
@@ -244,7 +245,7 @@ class ReferenceModel(TextCodec):
         """mlx-lm's Model / ModelArgs of this family, its sanitize first reading the layouts
         transformers writes (checkpoint/layouts.py)."""
         mod = registry.import_reference("mlx_lm", self.family)
-        return layouts.with_conversion(mod.Model, self.family), mod.ModelArgs
+        return corrections.model_class(layouts.with_conversion(mod.Model, self.family), self.family), mod.ModelArgs
 
     def _load_vlm(self, root: Path) -> nn.Module:
         """mlx-vlm's model, built from config.json as mlx-vlm reads it

@@ -93,10 +93,12 @@ def build(arch: str, dest, *, quant: str | None = None, layout: str = "mlx", sha
     rng = np.random.default_rng(seed)
     dtype = {"bfloat16": mx.bfloat16, "float16": mx.float16, "float32": mx.float32}[dtype]
 
-    # canonical float tensors (KV-shared layers' optional k/v are written only in the HF layout)
+    # canonical float tensors (KV-shared layers' optional k/v are written only in the HF layout, and by
+    # Gemma 3n's mlx conversions: mlx-lm's gemma3n builds k/v on every layer)
     canon = {}
     for e in a.expected.values():
-        if e.optional and not (layout == "hf" and e.ignored_if_present and e.name.startswith("layers.")):
+        if e.optional and not ((layout == "hf" or a.family == "gemma3n") and e.ignored_if_present
+                               and e.name.startswith("layers.")):
             continue
         canon[e.name] = _values(rng, e, a.neutral_norm, dtype)
 

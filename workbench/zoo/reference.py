@@ -37,7 +37,8 @@ ARCHS: dict[str, dict] = {
     "phi": dict(_BASE, model_type="phi", num_key_value_heads=4, partial_rotary_factor=0.5,
                 layer_norm_eps=1e-5),
     "olmo2": dict(_BASE, model_type="olmo2", rope_theta=10000.0),
-    "starcoder2": dict(_BASE, model_type="starcoder2", norm_epsilon=1e-5, rope_theta=100000.0),
+    # (hidden_act named: without it the original runs its default gelu_pytorch_tanh, mlx-lm the exact GELU)
+    "starcoder2": dict(_BASE, model_type="starcoder2", norm_epsilon=1e-5, rope_theta=100000.0, hidden_act="gelu"),
     "gemma2": dict(_BASE, model_type="gemma2", query_pre_attn_scalar=16.0, attn_logit_softcapping=50.0,
                    final_logit_softcapping=30.0, rope_theta=10000.0),
     "cohere": dict(_BASE, model_type="cohere", layer_norm_eps=1e-5, logit_scale=0.0625, use_qk_norm=True,
