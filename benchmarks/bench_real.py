@@ -267,19 +267,19 @@ def bench_tokens(model, ref, ref_name: str, tokens: int, reps: int, clock, atten
     if attn_math.window_blocks(tokens, tokens, 1) and any(op.attrs.get("window") for op in model.program.ops):
         variants["trace-stats-one-call-windows"] = one_call_windows(traced("stats"))
     if prunable(model):  # layers writing no cache at the last position only, as the chunked prefill runs them
-        pruned = traced("stats", logits="last", prune=True)()
+        pruned = traced("stats", positions={"logits": "last", "prune": True})()
         last["pruned_vs_trace"] = float(mx.abs(pruned.logits.reshape(-1, pruned.logits.shape[-1])[-1].astype(mx.float32)
                                                - got.reshape(-1, got.shape[-1])[-1].astype(mx.float32)).max())
         last["pruned"] = pruned.pruned.describe()
         log(f"{tokens} tokens, pruned: {last['pruned']}, last logits vs the stats trace {last['pruned_vs_trace']:.3g}")
         del pruned
-        variants["trace-stats-pruned"] = traced("stats", logits="last", prune=True)
+        variants["trace-stats-pruned"] = traced("stats", positions={"logits": "last", "prune": True})
     if run_full:
         variants["trace-full"] = traced("full")
     if attention == "explicit":
         try:
-            traced("stats", attention="explicit")()
-            variants["trace-stats-explicit-attn"] = traced("stats", attention="explicit")
+            traced("stats", run={"attention": "explicit"})()
+            variants["trace-stats-explicit-attn"] = traced("stats", run={"attention": "explicit"})
         except Exception as e:  # noqa: BLE001 - report why the column is missing, measure the rest
             notes.append(f"explicit attention not measured: {str(e).splitlines()[0][:160]}")
     if hunt and not long:

@@ -47,12 +47,12 @@ def main(argv=None) -> int:
     rows, bad = [], 0
     for T in [int(t) for t in a.tokens.split(",")]:
         ids = br.prompt_ids(T, model.vocab_size)
-        tr = workbench.trace(model, ids[0], capture=None, logits="last")
+        tr = workbench.trace(model, ids[0], capture=None, positions={"logits": "last"})
         tr.run()
         got = {"trace": tr.logits.reshape(-1, tr.logits.shape[-1])[-1].astype(mx.float32)}
         del tr
         if br.prunable(model):  # KV-shared layers at the last position only (trace(..., prune=True))
-            tr = workbench.trace(model, ids[0], capture=None, logits="last", prune=True)
+            tr = workbench.trace(model, ids[0], capture=None, positions={"logits": "last", "prune": True})
             tr.run()
             got["pruned"] = tr.logits.reshape(-1, tr.logits.shape[-1])[-1].astype(mx.float32)
             del tr

@@ -18,7 +18,7 @@ import models_tiny as mt
 from workbench import attention as attn_math
 from workbench import zoo
 from workbench.program import execute
-from workbench.trace import head_stats, attention_probabilities, inject, patch
+from workbench.trace import head_stats, attention_probabilities, inject, patch, Run
 from workbench.trace.entry import check_attention_memory
 from workbench.device_memory import ask_device_memory
 from workbench.trace.step import TraceError
@@ -84,7 +84,7 @@ def test_default_is_fused_and_explicit_is_asked_for(ckpts):
 def test_bad_attention_choice_is_named(ckpts, bad, match):
     model = workbench.load(ckpts("llama"))
     with pytest.raises(ValueError, match=match):
-        model.trace(IDS, attention=bad)
+        model.trace(IDS, run=Run(attention=bad))
     with pytest.raises(ValueError, match=match):
         workbench.load(ckpts("llama"), attention=bad)
 
@@ -155,7 +155,7 @@ def test_trace_choice_shows_the_steps(ckpts):
     t = model.trace(IDS, capture="full")
     t.run()
     assert not any(n.endswith((".scores", ".softmax")) for n in t.ops)
-    e = model.trace(IDS, capture="full", attention=["layers.2", 4])
+    e = model.trace(IDS, capture="full", run=Run(attention=["layers.2", 4]))
     e.run()
     assert [n for n in e.ops if n.endswith(".softmax")] == ["layers.2.self_attn.softmax", "layers.4.self_attn.softmax"]
     p = np.array(e.value("layers.2.self_attn.softmax"))
@@ -180,7 +180,7 @@ def test_debugger_draws_a_fused_layers_recomputed_pattern(ckpts):
     d.step()
     assert d.current_step.name == "layers.1.self_attn.context"
     assert d.attention.layout.display is None and "probabilities recomputed" in d.attention.title
-    e = model.trace(IDS, capture="full", attention=[1])
+    e = model.trace(IDS, capture="full", run=Run(attention=[1]))
     e.run()
     want = np.array(e.value("layers.1.self_attn.softmax"))[0]
     assert d.attention.num_heads == want.shape[0]
@@ -191,7 +191,7 @@ def test_head_stats(ckpts):
     model = workbench.load(ckpts("gemma4_text"))
     t = model.trace(IDS, capture="stats")  # nothing kept: recomputed from the op's inputs
     t.run()
-    e = model.trace(IDS, capture="full", attention="explicit")
+    e = model.trace(IDS, capture="full", run=Run(attention="explicit"))
     e.run()
     name = "layers.3.self_attn.context"
     s, se = head_stats(t, name), head_stats(e, name)
@@ -229,7 +229,7 @@ def test_hunt_names_the_fused_op_and_looks_inside(ckpts):
     model = workbench.load(ckpts("llama"))
     blow = [patch("layers.1.self_attn.q_rope", lambda v: v * 0 + 100, label="big queries"),
             patch("layers.1.self_attn.k_rope", lambda v: v * 0 + 300, label="big keys")]
-    e = workbench.trace.hunt(model, IDS, dtype="float16", interventions=blow, attention="explicit")
+    e = workbench.trace.hunt(model, IDS, dtype="float16", interventions=blow, run=Run(attention="explicit"))
     assert e.finding.op == "layers.1.self_attn.scores" and e.finding.inside is None
     f = workbench.trace.hunt(model, IDS, dtype="float16", interventions=blow)
     assert f.finding.op == "layers.1.self_attn.context" and f.finding.kind == "attention"
@@ -384,7 +384,7 @@ def test_module_level_models_refuse_explicit_attention(tmp_path):
         workbench.load(path, attention="explicit")
     m = workbench.load(path)
     with pytest.raises(TraceError, match="module-level model runs its own attention"):
-        m.trace([3, 17, 42], attention=[0])
+        m.trace([3, 17, 42], run=Run(attention=[0]))
 
 
 @pytest.mark.parametrize("T,S,window,chunk", [(9, 9, None, None), (1, 9, None, None), (9, 9, 4, None), (9, 9, 16, None),
@@ -417,9 +417,9 @@ def test_explicit_for_a_range_of_queries(ckpts, arch):
     for a, b in zip(f, q):
         np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.array(lf), np.array(lq), rtol=1e-5, atol=1e-5)
-    te = model.trace(IDS, capture="full", attention="explicit")
+    te = model.trace(IDS, capture="full", run=Run(attention="explicit"))
     te.run()
-    tq = model.trace(IDS, capture="full", attention=spec)
+    tq = model.trace(IDS, capture="full", run=Run(attention=spec))
     tq.run()
     for i in range(model.num_layers):
         s = tq.value(f"layers.{i}.self_attn.softmax")
@@ -437,12 +437,12 @@ def test_explicit_for_a_range_of_queries(ckpts, arch):
 def test_an_intervention_on_the_range_reaches_the_context_rows(ckpts):
     model = workbench.load(ckpts("llama"))
     spec = {"layers": [1], "queries": (6, 10)}
-    base = model.trace(IDS, capture="full", attention=spec)
+    base = model.trace(IDS, capture="full", run=Run(attention=spec))
     base.run()
 
     def uniform(p, op):  # every query in the range attends equally to every key it may see
         return mx.where(p > 0, 1.0, 0.0) / mx.sum(p > 0, axis=-1, keepdims=True)
-    t = model.trace(IDS, capture="full", attention=spec, interventions={"layers.1.self_attn.softmax": uniform})
+    t = model.trace(IDS, capture="full", run=Run(attention=spec), interventions={"layers.1.self_attn.softmax": uniform})
     t.run()
     d = np.abs(np.array(t.value("layers.1.self_attn.context")) - np.array(base.value("layers.1.self_attn.context")))
     changed = d.max(axis=-1)[0] > 1e-6  # per query position
@@ -454,10 +454,10 @@ def test_the_range_follows_positions_through_the_cache_and_bounds_the_memory_che
     spec = {"layers": "explicit", "queries": (20, 30)}
     toks = workbench.trace.generate(model, IDS, max_tokens=2).tokens[0]  # fused
     cache = model.make_cache()
-    t = model.trace(IDS, capture="full", attention=spec, cache=cache)
+    t = model.trace(IDS, capture="full", run=Run(attention=spec, cache=cache))
     t.run()
     assert t.value("layers.0.self_attn.softmax").shape[2] == 4  # positions 20..23 of a 24-token prompt
-    t2 = model.trace(mx.array([[toks[0]]]), capture="full", attention=spec, cache=cache)
+    t2 = model.trace(mx.array([[toks[0]]]), capture="full", run=Run(attention=spec, cache=cache))
     t2.run()
     assert t2.value("layers.0.self_attn.softmax").shape[2] == 1  # position 24: inside the range
     assert int(mx.argmax(t2.logits[0, -1]).item()) == toks[1]  # the same next token as the fused run

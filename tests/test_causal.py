@@ -20,7 +20,7 @@ from workbench import zoo
 from workbench.demo import NAMED_HEADS, corpus, paths
 from workbench.plots import causal as P
 from workbench.plots import save
-from workbench.trace import patch, replace
+from workbench.trace import Run, patch, replace
 
 CLEAN = "apple river stone cloud tree | stone"      # -> cloud
 CORRUPT = "apple river stone cloud tree | cloud"    # -> tree
@@ -39,7 +39,7 @@ def moe():
 
 def _logits(model, text, interventions=None, capture=None, attention=None):
     tr = workbench.trace(model, text, capture=capture, dtype="float32", interventions=interventions,
-                         attention=attention)
+                         run=Run(attention=attention))
     tr.run()
     return tr
 

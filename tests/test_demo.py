@@ -16,6 +16,7 @@ from workbench.demo import corpus, paths
 from workbench.demo.evaluate import THRESHOLD, evaluate
 from workbench.demo.loading import load_demo, load_mlx_lm
 from workbench.demo.tokenizer import EOS_ID
+from workbench.trace import Run
 
 @pytest.fixture(scope="module")
 def demo():
@@ -197,7 +198,7 @@ def test_tracer_attention_matches_hand_computed_pattern(demo):
     prompt = "apple river stone cloud tree | apple river stone"
     ids = demo.tokenizer.encode(prompt).ids
     ref = attention_patterns(demo.mlx_lm_model, ids)[layer, head]
-    tr = workbench.trace(demo.model, ids, capture=[f"layers.{layer}.self_attn.softmax"], attention=[layer])
+    tr = workbench.trace(demo.model, ids, capture=[f"layers.{layer}.self_attn.softmax"], run=Run(attention=[layer]))
     tr.run()
     got = np.array(tr.value(f"layers.{layer}.self_attn.softmax").astype(mx.float32))[0, head]
     assert got.shape == ref.shape == (len(ids), len(ids))

@@ -268,9 +268,9 @@ def test_a_padded_batch_with_full_capture(ckpts, tmp_path):
         "    print(json.dumps(t.records()))\n")
     r = _launch(2, [], script=script)
     assert "Traceback" not in r.stderr and "WARN" not in r.stderr, r.stderr
-    from workbench.trace import zero_head
+    from workbench.trace import Run, zero_head
 
-    ref = workbench.load(path).trace(batch, capture="full", attention=[2, 5],
+    ref = workbench.load(path).trace(batch, capture="full", run=Run(attention=[2, 5]),
                                      interventions=[zero_head("layers.4.self_attn.context", head=1)])
     ref.run()
     steps = json.loads(r.stdout)

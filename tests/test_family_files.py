@@ -1,6 +1,7 @@
-"""A family's knowledge is written once, in its file (workbench/models/<family>.py): the
-config reader returns the family's Config, and the op program reads exactly the tensors
-its table lists (a name spelt differently in the program and the table fails here)."""
+"""A family's knowledge is written once, in its file (workbench/checkpoint/families/<family>.py):
+the config reader returns the family's Config, and the op program (workbench/models/<family>.py)
+reads exactly the tensors its table lists (a name spelt differently in the program and the
+table fails here)."""
 from __future__ import annotations
 
 import pytest

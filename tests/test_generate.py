@@ -10,6 +10,7 @@ import numpy as np
 from workbench import zoo
 from workbench.trace.generate import Sampler, check_sampling
 from workbench.zoo import reference as zoo_ref
+from workbench.trace import Run
 
 PROMPT = [2, 15, 16, 17, 18, 19]
 N = 12
@@ -157,7 +158,7 @@ def test_queued_decoding_equals_one_forward_at_a_time(g4):
     cache = g4.make_cache()
     ids = [PROMPT] + [[t] for t in g.tokens[:-1]]
     for k, (chunk, t) in enumerate(zip(ids, g.traces)):
-        r = workbench.trace(g4, chunk, capture="stats", cache=cache)
+        r = workbench.trace(g4, chunk, capture="stats", run=Run(cache=cache))
         r.run()
         assert [s.stats for s in r.steps] == [s.stats for s in t.steps], k
 
@@ -252,9 +253,9 @@ def test_a_trimmed_cache_cannot_be_gone_back_over(g4):
     from workbench.trace.step import TraceError  # noqa: F401  (the trace names the problem)
 
     cache = g4.make_cache()
-    t = g4.trace([3, 5, 7, 9], cache=cache)
+    t = g4.trace([3, 5, 7, 9], run=Run(cache=cache))
     t.run()
-    t2 = g4.trace([11], cache=cache)
+    t2 = g4.trace([11], run=Run(cache=cache))
     t2.run()
     snap = cache.snapshot()
     cache.keys = [None if k is None else k[:, :, :2] for k in cache.keys]  # cut behind its back

@@ -10,6 +10,7 @@ import pytest
 
 import workbench
 from workbench.trace.hunt import hunt
+from workbench.trace import Positions
 
 IDS = [2, 15, 16, 17, 18, 19, 20, 21, 22]
 T = len(IDS)
@@ -20,8 +21,8 @@ def model(request):
     return workbench.load("assets/demo", granularity=request.param)
 
 
-def _logits(m, **kw):
-    t = workbench.trace(m, IDS, dtype="float32", **kw)
+def _logits(m, logits=None):
+    t = workbench.trace(m, IDS, dtype="float32", positions=Positions(logits=logits))
     t.run()
     return t, np.array(t.logits)[0]  # [P, vocab]: the one sequence of [1, P, vocab]
 
@@ -78,13 +79,13 @@ def test_default_is_all_at_a_small_prompt_and_last_past_the_budget(model, monkey
 ])
 def test_bad_values_are_one_line_errors(model, bad, err, words):
     with pytest.raises(err) as e:
-        workbench.trace(model, IDS, logits=bad)
+        workbench.trace(model, IDS, positions=Positions(logits=bad))
     msg = str(e.value)
     assert words in msg and "\n" not in msg and msg.startswith("logits=")
 
 
 def test_the_hunt_carries_the_positions(model):
-    r = hunt(model, IDS, logits=slice(-2, None))
+    r = hunt(model, IDS, positions=Positions(logits=slice(-2, None)))
     assert r.report["logits"] == {"positions": [7, 8], "of": T, "note": None}
     assert r.trace.logits.shape == (1, 2, model.vocab_size)
     assert hunt(model, IDS).report["logits"] == {"positions": "all", "of": T, "note": None}
@@ -110,7 +111,7 @@ def test_the_lens_projects_its_own_positions_whatever_the_trace_kept():
     m = workbench.load("assets/demo")
     lenses = []
     for logits in ("all", "last"):
-        t = workbench.trace(m, IDS, capture="full", dtype="float32", logits=logits)
+        t = workbench.trace(m, IDS, capture="full", dtype="float32", positions=Positions(logits=logits))
         t.run()
         lenses.append(logit_lens(t, positions=[0, 4, 8]))
     a, b = lenses
@@ -122,7 +123,7 @@ def test_the_debugger_says_which_rows_the_head_has():
     from workbench.widgets import StepDebugger
 
     m = workbench.load("assets/demo")
-    t = workbench.trace(m, IDS, capture="full", logits=[0, -1])
+    t = workbench.trace(m, IDS, capture="full", positions=Positions(logits=[0, -1]))
     t.run()
     d = StepDebugger(t)
     assert "the logits at 2 positions (0, 8) of 9" in d.current.value
@@ -136,7 +137,7 @@ def test_module_level_refuses_when_the_head_cannot_be_separated(monkeypatch):
     m = workbench.load("assets/demo", granularity="module")
     monkeypatch.setattr(type(m), "head_input", lambda self, module: None)
     with pytest.raises(workbench.trace.TraceError) as e:
-        workbench.trace(m, IDS, logits="last")
+        workbench.trace(m, IDS, positions=Positions(logits="last"))
     assert "use logits='all'" in str(e.value) and "\n" not in str(e.value)
     t = workbench.trace(m, IDS)  # the default stays "all" there
     assert t.logit_positions == range(T)

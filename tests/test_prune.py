@@ -17,7 +17,7 @@ import mlx.core as mx
 
 from workbench.demo import paths
 from workbench import zoo
-from workbench.trace import inject
+from workbench.trace import inject, Run, Positions
 from workbench.trace.step import TraceError
 
 IDS = [2, 17, 99, 4, 250, 31, 8, 8, 120, 64, 3, 77, 200, 5, 9, 11, 42, 1, 6, 13, 7, 90, 45, 33]
@@ -33,10 +33,11 @@ def _f32(x):
     return np.array(x.astype(mx.float32))
 
 
-def _pair(model, ids, **kw):
-    full = model.trace(ids, capture="full", **kw)
+def _pair(model, ids, logits=None, attention=None):
+    full = model.trace(ids, capture="full", positions=Positions(logits=logits), run=Run(attention=attention))
     full.run()
-    pruned = model.trace(ids, capture="full", prune=True, **kw)
+    pruned = model.trace(ids, capture="full", positions=Positions(logits=logits, prune=True),
+                         run=Run(attention=attention))
     pruned.run()
     return full, pruned
 
@@ -104,9 +105,9 @@ def test_a_pruned_prefill_leaves_the_cache_a_full_one_does(kv):
     out = []
     for prune in (False, True):
         cache = kv.make_cache()
-        t = kv.trace(IDS[:-1], capture=None, cache=cache, logits="last", prune=prune)
+        t = kv.trace(IDS[:-1], capture=None, positions=Positions(logits="last", prune=prune), run=Run(cache=cache))
         t.run()
-        d = kv.trace(IDS[-1:], capture=None, cache=cache)
+        d = kv.trace(IDS[-1:], capture=None, run=Run(cache=cache))
         d.run()
         out.append((_f32(t.logits), _f32(d.logits)))
     np.testing.assert_allclose(out[1][0], out[0][0], rtol=1e-5, atol=1e-5)
@@ -116,12 +117,12 @@ def test_a_pruned_prefill_leaves_the_cache_a_full_one_does(kv):
 def test_the_hunt_says_a_pruned_ops_rows(kv):
     k = kv.family_config.first_kv_shared
     bad = f"layers.{k}.mlp.down_proj"
-    t = kv.trace(IDS, capture="stats", logits="last", prune=True, interventions=[inject(bad)])
+    t = kv.trace(IDS, capture="stats", positions=Positions(logits="last", prune=True), interventions=[inject(bad)])
     f = t.first_nonfinite()
     assert f.op == bad and f.positions == [len(IDS) - 1, len(IDS)]
     assert f"positions {len(IDS) - 1}..{len(IDS) - 1}" in str(f)
     assert f.to_dict()["positions"] == [len(IDS) - 1, len(IDS)]
-    early = kv.trace(IDS, capture="stats", logits="last", prune=True,
+    early = kv.trace(IDS, capture="stats", positions=Positions(logits="last", prune=True),
                      interventions=[inject(f"layers.{k - 1}.mlp.down_proj")]).first_nonfinite()
     assert early.positions is None
 
@@ -129,7 +130,7 @@ def test_the_hunt_says_a_pruned_ops_rows(kv):
 def test_refused_where_nothing_can_be_pruned():
     demo = workbench.load(paths.DEMO)  # no KV-shared layers
     with pytest.raises(TraceError, match="nothing to prune"):
-        demo.trace("hello", prune=True)
+        demo.trace("hello", positions=Positions(prune=True))
 
 
 def test_cli_hunt_prune(kv):
@@ -151,9 +152,9 @@ def test_cli_hunt_prune(kv):
 def test_streamed_model_prunes_too(kv):
     path = kv.path
     streamed = workbench.load(path, memory_budget=64 * 2**20)
-    t = streamed.trace(IDS, capture="stats", logits="last", prune=True)
+    t = streamed.trace(IDS, capture="stats", positions=Positions(logits="last", prune=True))
     t.run()
-    ref = kv.trace(IDS, capture=None, logits="last")
+    ref = kv.trace(IDS, capture=None, positions=Positions(logits="last"))
     ref.run()
     assert t.pruned is not None
     np.testing.assert_allclose(_f32(t.logits), _f32(ref.logits), rtol=1e-5, atol=1e-5)
@@ -162,7 +163,7 @@ def test_streamed_model_prunes_too(kv):
 def test_the_debugger_says_a_pruned_steps_rows(kv):
     from workbench.widgets import StepDebugger
 
-    t = kv.trace(IDS, capture="stats", logits="last", prune=True)
+    t = kv.trace(IDS, capture="stats", positions=Positions(logits="last", prune=True))
     d = StepDebugger(t)
     k = kv.family_config.first_kv_shared
     d.trace.run(f"layers.{k - 1}")

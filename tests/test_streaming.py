@@ -17,6 +17,7 @@ from workbench import zoo
 from workbench.cli import main as cli_main
 from workbench.models.streaming import StreamedModel, segments
 from workbench.sizes import parse_bytes
+from workbench.trace import Storage
 
 IDS = [2, 15, 16, 17, 18, 19]
 
@@ -154,7 +155,7 @@ def test_full_capture_spills_beyond_the_budget(llama, tmp_path):
     largest = probe.largest_segment.nbytes
     m = workbench.load(llama, memory_budget=largest + 4096)  # 4 KiB left for captured values
     assert m.capture_budget == 4096
-    t = m.trace(IDS, capture="full", spill_dir=str(tmp_path / "spill"))
+    t = m.trace(IDS, capture="full", storage=Storage(spill_dir=str(tmp_path / "spill")))
     t.run()
     ref = held.trace(IDS, capture="full")
     ref.run()

@@ -7,7 +7,7 @@ import mlx.core as mx
 
 from workbench import zoo
 from workbench.program import execute
-from workbench.trace import TraceError, inject, patch, replace, zero_head
+from workbench.trace import TraceError, inject, patch, replace, zero_head, Run
 
 IDS = [2, 15, 16, 17, 18, 19, 20, 21, 22, 23]
 
@@ -53,7 +53,7 @@ def test_step_by_step_equals_run_and_reference(g4):
 
 
 def test_full_capture_values_and_stats_agree(g4):
-    t = workbench.trace(g4, IDS, capture="full", attention="explicit")
+    t = workbench.trace(g4, IDS, capture="full", run=Run(attention="explicit"))
     t.run()
     for name in ["embed_tokens", "layers.1.self_attn.q_rope", "layers.2.mlp.down_proj", "layers.3", "logits"]:
         v = np.array(t.value(name), dtype=np.float64)
@@ -114,7 +114,7 @@ def test_interventions(g4):
     assert not np.allclose(np.array(t.logits), np.array(base.logits))
     # zero a head in a heads-first tensor
     t = workbench.trace(g4, IDS, capture="full", interventions=[zero_head("layers.0.self_attn.softmax", head=1)],
-                        attention="explicit")
+                        run=Run(attention="explicit"))
     t.run()
     p = np.array(t.value("layers.0.self_attn.softmax"))
     assert np.all(p[:, 1] == 0) and np.allclose(p[:, 0].sum(-1), 1, atol=1e-5)
@@ -204,7 +204,7 @@ def test_bad_inputs_are_clear(g4):
 
 
 def test_per_token_view(g4):
-    t = workbench.trace(g4, IDS, capture="stats", attention=[0],
+    t = workbench.trace(g4, IDS, capture="stats", run=Run(attention=[0]),
                         interventions=[inject("layers.1.mlp.up_proj", float("inf"), index=(0, 4, 2))])
     t.run()
     pt = t.per_token("layers.1.mlp.up_proj")  # not captured: recomputed, with the intervention

@@ -10,6 +10,7 @@ import traitlets
 import workbench
 from workbench.demo.paths import DEMO
 from workbench.widgets import AttentionView, StepDebugger
+from workbench.trace import Run
 
 PROMPT = "apple river stone | apple river"
 
@@ -28,7 +29,7 @@ def demo():
 
 @pytest.fixture(scope="module")
 def tr(demo):
-    t = workbench.trace(demo, PROMPT, capture="full", attention="explicit")
+    t = workbench.trace(demo, PROMPT, capture="full", run=Run(attention="explicit"))
     t.run()
     return t
 
@@ -88,7 +89,7 @@ def test_from_trace_reads_the_softmax_and_the_tokens(demo, tr):
 
 
 def test_debugger_shows_the_view_on_a_softmax_step(demo):
-    t = workbench.trace(demo, PROMPT, capture="full", attention="explicit")
+    t = workbench.trace(demo, PROMPT, capture="full", run=Run(attention="explicit"))
     d = StepDebugger(t, head=3)
     d.run_to("layers.1.self_attn.scores")                # before the softmax: a note, no view
     assert d.attention_box.layout.display is None and d.attention.layout.display == "none"

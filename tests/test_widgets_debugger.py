@@ -9,7 +9,7 @@ import pytest
 
 import workbench
 from workbench import zoo
-from workbench.trace import inject
+from workbench.trace import inject, Run
 from workbench.widgets import StepDebugger
 
 
@@ -48,9 +48,9 @@ def test_step_button_advances_and_shows_the_op(model):
 
 
 def test_stepping_through_the_widget_equals_running(model):
-    tr_ref = workbench.trace(model, IDS, capture="full", attention="explicit")
+    tr_ref = workbench.trace(model, IDS, capture="full", run=Run(attention="explicit"))
     tr_ref.run()
-    tr = workbench.trace(model, IDS, capture="full", attention="explicit")
+    tr = workbench.trace(model, IDS, capture="full", run=Run(attention="explicit"))
     w = StepDebugger(tr)
     for _ in range(20):
         w.step()
@@ -176,7 +176,7 @@ def test_clicks_from_a_subshell_thread_run_on_the_widget_thread(model):
 
     async def main():
         tr = workbench.trace(fresh, IDS, capture="full", interventions=[inject(bad, float("nan"), index=3)],
-                             attention="explicit")
+                             run=Run(attention="explicit"))
         w = StepDebugger(tr)
         real_run = tr.run
         tr.run = lambda *a, **k: (ran_on.append(threading.current_thread().name), real_run(*a, **k))[1]
@@ -224,7 +224,7 @@ def test_an_error_in_a_button_is_shown_in_the_widget(model):
 # ---------------------------------------------------------------- forgiving: names, start, end, layers
 
 def test_run_to_a_typo_runs_nothing_and_suggests_the_closest_names(model):
-    tr = workbench.trace(model, IDS, capture="stats", attention="explicit")  # softmax steps
+    tr = workbench.trace(model, IDS, capture="stats", run=Run(attention="explicit"))  # softmax steps
     w = StepDebugger(tr)
     assert w.target.ensure_option is False  # the typed text reaches Python, not the last valid prefix
     w.run_to("layers.1")

@@ -3,6 +3,26 @@ from workbench import _blas
 
 _blas.ensure_fast_blas()  # must run before anything imports mlx.core
 
+from workbench import traceable  # noqa: E402  (no mlx: what the floors above provide the models)
+
+
+def _trace(model, *args, **kw):
+    from workbench.trace.entry import trace
+
+    return trace(model, *args, **kw)
+
+
+def _open_reference(*args, **kw):
+    from workbench.reference import open_reference
+
+    return open_reference(*args, **kw)
+
+
+# a model never imports the tracer or the reference (floors above it): ``model.trace(...)`` and
+# ``load(granularity="module")`` reach them through these, registered before any module of the
+# package runs (importing workbench.x runs this file first)
+traceable.provide(trace=_trace, module_level=_open_reference)
+
 __version__ = "0.1.0"
 
 

@@ -27,6 +27,7 @@ Invariants the executor relies on:
 from __future__ import annotations
 
 import fnmatch
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Container, Iterable, Mapping, Sequence
 
@@ -184,13 +185,58 @@ def name_matches(name: str, pattern: str) -> bool:
     return fnmatch.fnmatchcase(name, pattern)
 
 
+def run_ops(program: Program, ctx: Any, env: dict, start: int = 0, stop: int | None = None, *,
+            apply: Callable[[Op, mx.array], mx.array] | None = None, freed: dict | None = None,
+            freed_from: int = 0, failed: Callable[[int, Exception], Exception] | None = None):
+    """The one executor loop, as a generator: run ops ``start .. stop - 1`` (``stop`` None: to the
+    end) lazily (no evaluation) on ``env``, the live values by name (the program's inputs and
+    the outputs not yet read for the last time), updated in place; yield ``(i, out)`` once op
+    ``i`` ran, its output is in ``env`` and the values it read for the last time are gone.
+
+    :func:`execute` runs a whole program through it; the trace steps through it
+    (:meth:`workbench.trace.tracer.Trace.run`, ``step``, going back), and so do the ranks of a
+    distributed trace and the replay of :mod:`workbench.trace.replay`.  The caller stops where
+    it likes by leaving the loop.
+
+    ``apply``: ``f(op, out) -> out`` on every op's output (interventions).  ``freed``: a dict
+    that takes, for each op ``i >= freed_from``, the values it freed (``{name: value}``: for
+    going back without running again).  ``failed``: ``f(i, e) -> exception`` raised (from
+    ``e``) in place of what op ``i``'s function raised (e.g. naming the op); None: as it is.
+    """
+    plan = program.exec_plan()
+    ops = program.ops
+    n = len(plan) if stop is None else stop
+    for i in range(start, n):
+        name, fn, inputs, frees = plan[i]
+        try:
+            out = fn(ctx, *[env[s] for s in inputs])
+        except Exception as e:
+            if failed is None:
+                raise
+            raise failed(i, e) from e
+        if apply is not None:
+            out = apply(ops[i], out)
+        env[name] = out
+        if freed is None or i < freed_from:
+            for s in frees:
+                env.pop(s, None)
+        else:
+            gone = {}
+            for s in frees:
+                v = env.pop(s, None)
+                if v is not None:
+                    gone[s] = v
+            freed[i] = gone
+        yield i, out
+
+
 def execute(program: Program, ctx: Any, feeds: Mapping[str, mx.array],
             keep: Callable[[str], bool] | None = None, *, stop: int | None = None,
             apply: Callable[[Op, mx.array], mx.array] | None = None,
             after: Callable[[int, dict], None] | None = None) -> dict[str, mx.array]:
-    """Run a program lazily (no evaluation), freeing values after their last use: the one
-    plain executor (the uncaptured fast path; replay and recomputation run through it too,
-    :mod:`workbench.trace.replay`; the Trace adds stepping and capture on top).
+    """Run a program lazily (no evaluation), freeing values after their last use, through the
+    one executor loop (:func:`run_ops`): the uncaptured fast path; replay and recomputation run
+    through it too (:mod:`workbench.trace.replay`).
 
     Returns the values of ops for which ``keep(name)`` is true, plus the last op run's
     (``logits`` for a whole program).  ``stop``: run ops ``0 .. stop - 1`` only; ``apply``:
@@ -199,23 +245,19 @@ def execute(program: Program, ctx: Any, feeds: Mapping[str, mx.array],
     values by name; a streamed model evaluates them at its segment ends).
     """
     env: dict[str, mx.array] = dict(feeds)
-    plan = program.exec_plan()
-    ops = program.ops
     kept: dict[str, mx.array] = {}
-    n = len(plan) if stop is None else stop
-    for i in range(n):
-        name, fn, inputs, frees = plan[i]
-        out = fn(ctx, *[env[s] for s in inputs])
-        if apply is not None:
-            out = apply(ops[i], out)
-        env[name] = out
-        if keep is not None and keep(name):
-            kept[name] = out
-        for s in frees:
-            env.pop(s, None)
-        if after is not None:
-            after(i, env)
+    steps = run_ops(program, ctx, env, 0, stop, apply=apply)
+    if keep is None and after is None:
+        deque(steps, maxlen=0)  # (run through at C speed: nothing to do between ops)
+    else:
+        ops = program.ops
+        for i, out in steps:
+            if keep is not None and keep(ops[i].name):
+                kept[ops[i].name] = out
+            if after is not None:
+                after(i, env)
+    n = len(program) if stop is None else stop
     if n:
-        last = plan[n - 1][0]
+        last = program.ops[n - 1].name
         kept[last] = env[last]
     return kept

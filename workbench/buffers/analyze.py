@@ -56,19 +56,15 @@ differently-labelled bytes), O(log n), fed lazily from each map's log.
 """
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
-from dataclasses import dataclass
 from typing import Any
 
-from workbench.buffers.ranges import LabelTree, MaxTree, RangeMap
+from workbench.buffers.hazard import KINDS, Hazard, HazardList, bytes_at, summarize  # noqa: F401  (re-exported)
+from workbench.buffers.ranges import LabelTree, MaxTree
 from workbench.buffers.schedule import Schedule, as_schedule
+from workbench.buffers.walk_state import BufferState, Coords, RegionMap
+from workbench.buffers.within import check_dispatch
 from workbench.nogc import no_gc
 
-KINDS = ("alias-in-dispatch", "partial-overlap", "raw", "war", "waw", "stale-read",
-         "use-after-free", "out-of-bounds", "uninitialized-read", "cb-reuse")
-
-#: at most this many pairwise comparisons inside one dispatch (pathological inputs only)
-_MAX_PAIR_CHECKS = 200_000
 #: a stale read names at most this many clobbering writers; its last hazard counts the rest
 MAX_WRITERS = 4
 #: a query covering more segments of a byte map than this goes to a tree (O(log n))
@@ -91,130 +87,6 @@ _REGION_RULES = (
      "between them); what remains depends on timing. Put a barrier between dispatch {o} and dispatch {idx}, "
      "or give {name} its own output range."),
 )
-
-
-@dataclass(frozen=True)
-class Hazard:
-    kind: str
-    event: int
-    other: int | None
-    buffer: str | None
-    range: tuple[int, int] | None
-    message: str
-
-    def to_dict(self) -> dict:
-        return {"kind": self.kind, "event": self.event, "other": self.other, "buffer": self.buffer,
-                "range": list(self.range) if self.range is not None else None, "message": self.message}
-
-    def __str__(self) -> str:
-        return f"event {self.event} [{self.kind}]: {self.message}"
-
-
-def _bytes(buf: str, s: int, e: int) -> str:
-    return f"bytes [{s}, {e}) of buffer {buf!r}"
-
-
-class _Coords:
-    """Per buffer, the sorted byte offsets where any of its accesses starts or ends (and its
-    sizes): the elementary intervals the trees work on.  Built on first use, in one pass."""
-
-    def __init__(self, sch: Schedule):
-        self.sch = sch
-        self.xs: dict[str, list[int]] | None = None
-        self.pos: dict[str, dict[int, int]] = {}
-
-    def of(self, buf: str) -> tuple[list[int], dict[int, int]]:
-        if self.xs is None:
-            pts: dict[str, set] = {b: {0, spec.size} for b, spec in self.sch.buffers.items()}
-            for ev in self.sch.events:
-                if ev.type == "dispatch":
-                    for lst in (ev.reads, ev.writes):
-                        for a in lst:
-                            p = pts.get(a.buffer)
-                            if p is None:
-                                p = pts[a.buffer] = {0}
-                            p.add(a.offset)
-                            p.add(a.offset + a.size)
-                elif ev.type == "alloc":
-                    pts.setdefault(ev.buffer, {0}).add(ev.size)
-            self.xs = {b: sorted(p) for b, p in pts.items()}
-        xs = self.xs[buf]
-        pos = self.pos.get(buf)
-        if pos is None:
-            pos = self.pos[buf] = {x: k for k, x in enumerate(xs)}
-        return xs, pos
-
-
-class _Buf:
-    __slots__ = ("size", "live", "init", "alloc_at", "freed_at", "written", "log", "applied", "applied_max")
-
-    def __init__(self, size: int, init: bool, alloc_at: int | None):
-        self.size, self.init, self.alloc_at = size, init, alloc_at
-        self.live = True
-        self.freed_at: int | None = None
-        self.written = RangeMap()  # bytes -> (writer event index, label or None)
-        # every write (s, e, writer, label) and clear (s, e, None, None), for the buffer's LabelTree
-        self.log: list[tuple] = [(0, None, None, None)]  # starts unwritten
-        self.applied = 0  # log entries already in the buffer's LabelTree
-        self.applied_max = 0  # ... and in its MaxTree of writers
-
-
-class _RegionMap:
-    """The bytes of one buffer that the current concurrent region read (or wrote): the latest
-    event per byte, the paints in order (for a MaxTree on wide queries), each event's ranges."""
-
-    __slots__ = ("rm", "log", "applied", "ranges", "sorted")
-
-    def __init__(self):
-        self.rm = RangeMap()
-        self.log: list[tuple[int, int, int]] = []
-        self.applied = 0
-        self.ranges: dict[int, list[tuple[int, int]]] = {}
-        self.sorted: dict[int, tuple[list[int], list[int]]] = {}
-
-    def paint(self, s: int, e: int, idx: int) -> None:
-        self.rm.assign(s, e, idx)
-        self.log.append((s, e, idx))
-        r = self.ranges.get(idx)
-        if r is None:
-            self.ranges[idx] = [(s, e)]
-        else:
-            r.append((s, e))
-
-    def span(self, idx: int, s: int, e: int) -> tuple[int, int]:
-        """The first and last byte of [s, e) that event ``idx`` painted here (it overlaps [s, e))."""
-        rs = self.ranges[idx]
-        if len(rs) <= 8:
-            lo, hi = e, s
-            for ps, pe in rs:
-                if ps < e and pe > s:
-                    lo, hi = min(lo, max(ps, s)), max(hi, min(pe, e))
-            return lo, hi
-        srt = self.sorted.get(idx)
-        if srt is None:  # many ranges of one event: starts sorted, with the running max of their ends
-            rs = sorted(rs)
-            starts, reach, m = [], [], -1
-            for ps, pe in rs:
-                m = max(m, pe)
-                starts.append(ps)
-                reach.append(m)
-            srt = self.sorted[idx] = (starts, reach)
-        starts, reach = srt
-        k = bisect_right(starts, s)  # ranges starting at or before s
-        if k and reach[k - 1] > s:
-            lo = s
-        else:
-            lo = starts[k]  # the first range starting after s (one overlaps, so it starts before e)
-        j = bisect_left(starts, e)  # ranges starting before e
-        hi = min(reach[j - 1], e)
-        return lo, hi
-
-
-class HazardList(list):
-    """The hazards found, in event order; ``omitted``: kind -> how many more were found but not
-    kept (``analyze(..., max_per_kind=N)``)."""
-
-    omitted: dict[str, int]
 
 
 def analyze(schedule: Any, max_per_kind: int | None = None) -> HazardList:
@@ -251,7 +123,7 @@ def _analyze(sch: Schedule, max_per_kind: int | None = None) -> HazardList:
     inplace = {k: set(v) for k, v in sch.kernels.items()}
     declared_r = {k: {p[0] for p in v} for k, v in sch.kernels.items()}
     declared_w = {k: {p[1] for p in v} for k, v in sch.kernels.items()}
-    bufs: dict[str, _Buf] = {b: _Buf(spec.size, spec.initialized, None) for b, spec in sch.buffers.items()}
+    bufs: dict[str, _Buf] = {b: BufferState(spec.size, spec.initialized, None) for b, spec in sch.buffers.items()}
     committed: dict[int, int] = {}
     out = HazardList()
     out.omitted = {}
@@ -265,7 +137,7 @@ def _analyze(sch: Schedule, max_per_kind: int | None = None) -> HazardList:
                 out.append(h)
             else:
                 out.omitted[h.kind] = out.omitted.get(h.kind, 0) + 1
-    coords = _Coords(sch)
+    coords = Coords(sch)
     label_ids: dict[str, int] = {}
     label_names: list[str] = []
     label_trees: dict[str, LabelTree] = {}
@@ -284,7 +156,7 @@ def _analyze(sch: Schedule, max_per_kind: int | None = None) -> HazardList:
             label_names.append(label)
         return k
 
-    def label_tree(buf: str, b: _Buf) -> tuple[LabelTree, dict[int, int], list[int]]:
+    def label_tree(buf: str, b: BufferState) -> tuple[LabelTree, dict[int, int], list[int]]:
         """The buffer's contents as a LabelTree, brought up to date from its write log."""
         xs, pos = coords.of(buf)
         t = label_trees.get(buf)
@@ -298,7 +170,7 @@ def _analyze(sch: Schedule, max_per_kind: int | None = None) -> HazardList:
         b.applied = len(b.log)
         return t, pos, xs
 
-    def latest(kind: str, buf: str, m: _RegionMap, s: int, e: int) -> tuple[int, int, int]:
+    def latest(kind: str, buf: str, m: RegionMap, s: int, e: int) -> tuple[int, int, int]:
         """The latest event of the region's map overlapping [s, e), and the span of its bytes there."""
         if m.rm.count_overlaps(s, e) <= _WIDE:
             best, lo, hi = -1, 0, 0
@@ -334,8 +206,8 @@ def _analyze(sch: Schedule, max_per_kind: int | None = None) -> HazardList:
         w = t.query(pos[lo], pos[hi])
         return w if b.alloc_at is None or w > b.alloc_at else -1  # older writes belong to a freed allocation
 
-    # the current concurrent region: "reads" / "writes" -> buffer -> _RegionMap
-    region: dict[str, dict[str, _RegionMap]] = {"reads": {}, "writes": {}}
+    # the current concurrent region: "reads" / "writes" -> buffer -> RegionMap
+    region: dict[str, dict[str, RegionMap]] = {"reads": {}, "writes": {}}
     region_cb: Any = object()
 
     for idx, ev in enumerate(events):
@@ -364,13 +236,13 @@ def _analyze(sch: Schedule, max_per_kind: int | None = None) -> HazardList:
                     s, e = a.offset, a.offset + a.size
                     if not b.live:
                         add(Hazard("use-after-free", idx, b.freed_at, a.buffer, (s, e),
-                                   f"{me} {verb} {a.arg} at {_bytes(a.buffer, s, e)}, which was freed at event "
+                                   f"{me} {verb} {a.arg} at {bytes_at(a.buffer, s, e)}, which was freed at event "
                                    f"{b.freed_at}. Free {a.buffer!r} only after its last use, or allocate it again "
                                    f"before {name}."))
                         continue
                     if e > b.size:
                         add(Hazard("out-of-bounds", idx, b.alloc_at, a.buffer, (s, e),
-                                   f"{me} {verb} {a.arg} at {_bytes(a.buffer, s, e)}, but {a.buffer!r} is only "
+                                   f"{me} {verb} {a.arg} at {bytes_at(a.buffer, s, e)}, but {a.buffer!r} is only "
                                    f"{b.size} bytes ({e - b.size} bytes past its end). Allocate at least {e} bytes "
                                    f"for {a.buffer!r}, or fix the offset/size {name} uses for {a.arg}."))
                         e = b.size
@@ -381,7 +253,7 @@ def _analyze(sch: Schedule, max_per_kind: int | None = None) -> HazardList:
 
             # 2. inside the dispatch: alias-in-dispatch, partial-overlap
             if writes:
-                _intra(idx, me, name, kernel, inplace.get(kernel, ()), reads, writes, producer, add, who)
+                check_dispatch(idx, me, name, kernel, inplace.get(kernel, ()), reads, writes, producer, add, who)
 
             # 3. reads against memory contents: uninitialized-read, stale-read
             for a, s, e in reads:
@@ -434,7 +306,7 @@ def _analyze(sch: Schedule, max_per_kind: int | None = None) -> HazardList:
                     src = f" since its alloc at event {b.alloc_at}" if b.alloc_at is not None else ""
                     add(Hazard("uninitialized-read", idx, b.alloc_at, a.buffer, (gap_first, gap_last),
                                f"{me} reads {a.arg}" + (f" (expecting {a.value!r})" if a.value is not None else "")
-                               + f" at {_bytes(a.buffer, gap_first, gap_last)}{part}, which nothing wrote{src}. "
+                               + f" at {bytes_at(a.buffer, gap_first, gap_last)}{part}, which nothing wrote{src}. "
                                f"Dispatch the producer of this input before {name}, or mark {a.buffer!r} "
                                f"\"initialized\": true if the host fills it."))
                 if stale:
@@ -443,7 +315,7 @@ def _analyze(sch: Schedule, max_per_kind: int | None = None) -> HazardList:
                     for wi in shown:
                         ps, pe, label = stale[wi]
                         wname = events[wi].name
-                        msg = (f"{me} reads {a.arg} expecting {a.value!r} at {_bytes(a.buffer, ps, pe)}, but "
+                        msg = (f"{me} reads {a.arg} expecting {a.value!r} at {bytes_at(a.buffer, ps, pe)}, but "
                                f"{who(wi)} overwrote them with {label!r} first. Give {wname} its own output buffer "
                                f"(a separate scratch, like attnH) so {a.value!r} survives until {name} reads it.")
                         rest = len(writers) - len(shown)
@@ -467,14 +339,14 @@ def _analyze(sch: Schedule, max_per_kind: int | None = None) -> HazardList:
                             continue
                         o, os_, oe = latest(against, a.buffer, m, s, e)
                         add(Hazard(kind, idx, o, a.buffer, (os_, oe), text.format(
-                            me=me, arg=a.arg, where=_bytes(a.buffer, os_, oe), other=who(o), o=o, idx=idx,
+                            me=me, arg=a.arg, where=bytes_at(a.buffer, os_, oe), other=who(o), o=o, idx=idx,
                             oname=events[o].name, name=name)))
                 for kind, lst in (("reads", reads), ("writes", writes)):
                     maps = region[kind]
                     for a, s, e in lst:
                         m = maps.get(a.buffer)
                         if m is None:
-                            m = maps[a.buffer] = _RegionMap()
+                            m = maps[a.buffer] = RegionMap()
                         m.paint(s, e, idx)
 
             # 5. the writes land
@@ -498,7 +370,7 @@ def _analyze(sch: Schedule, max_per_kind: int | None = None) -> HazardList:
             else:
                 committed[cb] = idx
         elif t == "alloc":
-            bufs[ev.buffer] = _Buf(ev.size, ev.initialized, idx)
+            bufs[ev.buffer] = BufferState(ev.size, ev.initialized, idx)
         elif t == "free":
             b = bufs[ev.buffer]
             if not b.live:
@@ -514,75 +386,3 @@ def _analyze(sch: Schedule, max_per_kind: int | None = None) -> HazardList:
     return out
 
 
-def _intra(idx, me, name, kernel, pairs, reads, writes, producer, add, who) -> None:
-    """alias-in-dispatch and partial-overlap among one dispatch's accesses (sweep per buffer).
-
-    Each list of accesses still open is pruned only when it is compared against, and every
-    comparison counts against ``_MAX_PAIR_CHECKS``, so the sweep is linear plus the pairs."""
-    items: dict[str, list] = {}
-    for a, s, e in writes:
-        items.setdefault(a.buffer, []).append((s, e, 1, a))
-    for a, s, e in reads:
-        if a.buffer in items:
-            items[a.buffer].append((s, e, 0, a))
-    checks = 0
-    kdesc = f"kernel {kernel!r}" if kernel is not None else "its kernel (none named)"
-    decl = f"kernels[{kernel!r}].inplace" if kernel is not None else "a kernel's inplace list (name the kernel)"
-    for buf, lst in items.items():
-        if len(lst) < 2:
-            continue
-        lst.sort(key=lambda x: (x[0], x[1], x[2]))
-        act_r: list = []
-        act_w: list = []
-        for s, e, isw, a in lst:
-            act_w = [x for x in act_w if x[1] > s]
-            checks += len(act_w)
-            if isw:
-                act_r = [x for x in act_r if x[1] > s]
-                checks += len(act_r)
-                for rs, re_, _, r in act_r:
-                    _pair(idx, me, name, kdesc, decl, pairs, buf, r, rs, re_, a, s, e, add, producer, who)
-                for ws, we, _, w in act_w:
-                    lo, hi = max(s, ws), min(e, we)
-                    add(Hazard("partial-overlap", idx, None, buf, (lo, hi),
-                               f"{me} writes {w.arg} at {_bytes(buf, ws, we)} and {a.arg} at [{s}, {e}); the two "
-                               f"outputs overlap at [{lo}, {hi}), so what remains depends on which thread finishes "
-                               f"last. Give {name}'s {a.arg} its own range."))
-                act_w.append((s, e, 1, a))
-            else:
-                for ws, we, _, w in act_w:
-                    _pair(idx, me, name, kdesc, decl, pairs, buf, a, s, e, w, ws, we, add, producer, who)
-                act_r.append((s, e, 0, a))
-            if checks > _MAX_PAIR_CHECKS:
-                return
-
-
-def _pair(idx, me, name, kdesc, decl, pairs, buf, r, rs, re_, w, ws, we, add, producer, who) -> None:
-    equal = rs == ws and re_ == we
-    if equal and (r.arg, w.arg) in pairs:
-        return  # declared in-place: the kernel reads each element before writing it
-    rdesc = f"{r.arg} ({r.value!r})" if r.value is not None else r.arg
-    lo, hi = max(rs, ws), min(re_, we)
-    last = producer(buf, lo, hi)
-    src = f" (the input there was last written by {who(last)})" if last >= 0 else ""
-    if equal:
-        add(Hazard("alias-in-dispatch", idx, None, buf, (rs, re_),
-                   f"{me} reads {rdesc} and writes {w.arg} at the same {_bytes(buf, rs, re_)}{src}, and {kdesc} does "
-                   f"not declare ({r.arg!r}, {w.arg!r}) in-place: a kernel working tile by tile reads input its "
-                   f"own output already overwrote. Give {name} its own output buffer (or, if it truly reads each "
-                   f"element before writing it, declare [{r.arg!r}, {w.arg!r}] in {decl})."))
-    else:
-        add(Hazard("partial-overlap", idx, None, buf, (lo, hi),
-                   f"{me} reads {rdesc} at [{rs}, {re_}) and writes {w.arg} at [{ws}, {we}) of buffer {buf!r}; "
-                   f"they overlap at [{lo}, {hi}){src} without being the same range, so threads read bytes other threads "
-                   f"of {name} already wrote. Give {name} its own output buffer, or move {w.arg} clear of {r.arg}."))
-
-
-def summarize(hazards: list[Hazard]) -> dict[str, int]:
-    """kind -> how many were found (those an analysis kept, plus its ``omitted``)."""
-    counts: dict[str, int] = {}
-    for h in hazards:
-        counts[h.kind] = counts.get(h.kind, 0) + 1
-    for k, n in getattr(hazards, "omitted", {}).items():
-        counts[k] = counts.get(k, 0) + n
-    return counts

@@ -299,7 +299,7 @@ def run(model, p: Prompt, capture=None, interventions=None, dtype=DEFAULT_DTYPE,
     """A finished :class:`~workbench.trace.Trace` of ``model`` on ``p`` (``attention``: as
     ``model.trace`` takes it; "explicit" for the softmax steps)."""
     tr = wtrace.trace(model, p.ids, capture=capture, dtype=dtype, interventions=interventions or None,
-                      attention_mask=p.mask, attention=attention)
+                      positions=wtrace.Positions(attention_mask=p.mask), run=wtrace.Run(attention=attention))
     tr.run()
     return tr
 

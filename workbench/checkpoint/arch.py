@@ -1,15 +1,16 @@
 """Architecture knowledge: what a config.json means, and the tensors a sound checkpoint holds.
 
 Reading a config (:func:`build_arch`) is the same for ``inspect`` and ``workbench.load``.
-For our op families the family file (workbench/models/<family>.py) holds everything the
-family knows, once: its model types, its ``KEYS`` (every key read, knowingly ignored, or
-read at the values it implements; any other key or value is a :class:`ConfigError` naming
-it, never a default), ``read(text_config) -> Config`` (every form the references write:
-transformers >= 5 ``rope_parameters``, per layer type for Gemma 3 / 4, Gemma 4's
-``per_layer_config``, the older flat keys), ``tensors(cfg, arch)`` (the expected tensors)
-and the op program.  Here: the wrapper around a text config (multimodal checkpoints, with
-or without a top-level ``vocab_size``), the choice of family, Gemma 3n's table (inspect
-only), and the reference model's parameters for every other type (reference_arch.py).
+For our op families each family's file in checkpoint/families/ holds what the family knows
+of its checkpoints, once: its model types, its ``KEYS`` (every key read, knowingly ignored,
+or read at the values it implements; any other key or value is a :class:`ConfigError`
+naming it, never a default), ``read(text_config) -> Config`` (every form the references
+write: transformers >= 5 ``rope_parameters``, per layer type for Gemma 3 / 4, Gemma 4's
+``per_layer_config``, the older flat keys) and ``tensors(cfg, arch)`` (the expected
+tensors); the op program built from that Config is workbench/models/<family>.py, a floor
+up.  Here: the wrapper around a text config (multimodal checkpoints, with or without a
+top-level ``vocab_size``), the choice of family, and the reference model's parameters for
+every other type (reference_arch.py).
 
 The result, :class:`Arch`, carries ``spec``: the family's Config (what its op program is
 built from), and ``expected``: every language-model tensor with its float shape
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 from workbench import registry
 from workbench.checkpoint import fields as F
+from workbench.checkpoint.families import FAMILIES as FAMILY_FILES, KEYS, gemma3n  # noqa: F401  (KEYS re-exported)
 from workbench.checkpoint.fields import Arch, ConfigError, Expected, Keys, ROPE_TYPES, read_rope  # noqa: F401
 from workbench.checkpoint.reference_config import COMMON_IGNORED  # noqa: F401  (re-exported)
 
@@ -28,23 +30,6 @@ from workbench.checkpoint.reference_config import COMMON_IGNORED  # noqa: F401  
 FAMILIES = registry.TABLE_FAMILIES
 #: families whose RMSNorm computes x * (1 + w): their neutral norm weight is 0
 ZERO_CENTRED_NORMS = {"gemma3_text"}
-
-
-def family_files() -> dict:
-    """Our op families' files (workbench/models/<family>.py) by family name: each one's
-    config reader, tensor table and program.  (Imported here, when a config is read: a
-    family file imports only fields.py, registry, models/builder.py and models/rope.py.)"""
-    from workbench.models import gemma3_text, gemma4_text, llama, qwen3
-
-    return {m.FAMILY: m for m in (llama, qwen3, gemma3_text, gemma4_text)}
-
-
-def __getattr__(name):
-    # ``arch.KEYS``: family -> its Keys (each family file's KEYS), read when asked for (the
-    # family files import this package: not at module import time)
-    if name == "KEYS":
-        return {f: m.KEYS for f, m in family_files().items()}
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def text_config(config: dict) -> dict:
@@ -111,64 +96,12 @@ def build_arch(config: dict) -> Arch:
                               f"text_config.tie_word_embeddings = {F.show(tie_in)} disagree")
         if tie_in is None and tie_top is not None:
             tc["tie_word_embeddings"] = tie_top
-    if fam == "gemma3n":
-        return _gemma3n(tc)
-    mod = family_files()[fam]
+    if fam == gemma3n.FAMILY:
+        return gemma3n.arch(tc)
+    mod = FAMILY_FILES[fam]
     F.check_keys(tc, fam, mod.KEYS)
     cfg = mod.read(tc)
     a = Arch(fam, tc, cfg.num_hidden_layers, layer_types=list(cfg.layer_types), tied=cfg.tie_word_embeddings,
              neutral_norm=0.0 if fam in ZERO_CENTRED_NORMS else 1.0, spec=cfg)
     mod.tensors(cfg, a)
-    return a
-
-
-
-# ---------------------------------------------------------------------- Gemma 3n (inspect only)
-
-def _gemma3n(tc) -> Arch:
-    """Gemma 3n (mlx-lm models/gemma3n.py): AltUp, LAuReL, per-layer inputs; every layer
-    keeps its k/v projections; per-layer intermediate sizes may be a list."""
-    D = F.read_int(tc, "hidden_size")
-    L = F.read_int(tc, "num_hidden_layers")
-    H = F.read_int(tc, "num_attention_heads")
-    V = F.read_int(tc, "vocab_size")
-    hd = F.read_int(tc, "head_dim")
-    kvh = F.read_int(tc, "num_key_value_heads")
-    P = F.read_int(tc, "hidden_size_per_layer_input")
-    Vp = F.read_int(tc, "vocab_size_per_layer_input")
-    n = F.read_int(tc, "altup_num_inputs")
-    r = F.read_int(tc, "laurel_rank")
-    Is = tc.get("intermediate_size")
-    if isinstance(Is, list):
-        if len(Is) != L or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in Is):
-            raise ConfigError(f"config.json: intermediate_size must list {L} positive integers")
-    else:
-        Is = [F.read_int(tc, "intermediate_size")] * L
-    lt = tc.get("layer_types")
-    if not isinstance(lt, list) or len(lt) != L or any(t not in ("sliding_attention", "full_attention") for t in lt):
-        raise ConfigError(f"config.json: layer_types must list {L} entries of sliding_attention/full_attention")
-    a = Arch("gemma3n", tc, L, layer_types=list(lt), neutral_norm=1.0, tied=True)
-    a.add("embed_tokens.weight", (V, D), "embedding")
-    for i in range(L):
-        F.attention_tensors(a, i, D, H, kvh, hd, qk_norm=True)
-        F.mlp_tensors(a, i, D, Is[i])
-        F.norm_tensors(a, i, D, ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-                              "post_feedforward_layernorm", "post_per_layer_input_norm"))
-        a.add(f"layers.{i}.altup.correct_output_scale", (D,), "vector", i)
-        a.add(f"layers.{i}.altup.correction_coefs.weight", (n, n), "linear", i)
-        a.add(f"layers.{i}.altup.prediction_coefs.weight", (n * n, n), "linear", i)
-        a.add(f"layers.{i}.altup.modality_router.weight", (n, D), "linear", i)
-        a.add(f"layers.{i}.altup.router_norm.weight", (D,), "norm", i)
-        a.add(f"layers.{i}.laurel.linear_left.weight", (r, D), "linear", i)
-        a.add(f"layers.{i}.laurel.linear_right.weight", (D, r), "linear", i)
-        a.add(f"layers.{i}.laurel.post_laurel_norm.weight", (D,), "norm", i)
-        a.add(f"layers.{i}.per_layer_input_gate.weight", (P, D), "linear", i)
-        a.add(f"layers.{i}.per_layer_projection.weight", (D, P), "linear", i)
-    a.add("embed_tokens_per_layer.weight", (Vp, L * P), "embedding")
-    a.add("per_layer_model_projection.weight", (L * P, D), "linear")
-    a.add("per_layer_projection_norm.weight", (P,), "norm")
-    for j in range(n - 1):
-        a.add(f"altup_projections.{j}.weight", (D, D), "linear")
-        a.add(f"altup_unembed_projections.{j}.weight", (D, D), "linear")
-    a.add("norm.weight", (D,), "norm")
     return a

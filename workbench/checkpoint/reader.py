@@ -3,7 +3,8 @@
 >>> ck = open_checkpoint("path/to/model")          # doctest: +SKIP
 >>> ck.lm_names()[:2], ck.info("norm.weight"), ck.load("norm.weight")
 
-Opening reads config.json, the index and every shard's header, nothing else.
+Opening reads config.json, the index and every shard's header, nothing else (which files,
+and what config.json and the index say: directory.py).
 ``load`` returns a lazy ``mx.array`` (MLX reads the bytes from the file when the
 array is evaluated).  Problems met while opening (bad headers, missing shards, index
 disagreements, ...) are collected in ``ck.problems``; only a path that cannot be read
@@ -11,7 +12,6 @@ as a checkpoint at all raises :class:`CheckpointError`.
 """
 from __future__ import annotations
 
-import json
 import os
 import stat
 from collections.abc import Mapping
@@ -22,17 +22,12 @@ from types import MappingProxyType
 from workbench.checkpoint import names as N
 from workbench.checkpoint.arch import Arch, ConfigError, build_arch, family_of, text_config
 from workbench.checkpoint.quant import QuantConfig, QuantSpec, infer
+from workbench.checkpoint.directory import (INDEX_NAME, CheckpointError, Problem,  # noqa: F401  (re-exported)
+                                            check_index, discover, held_at, read_config)
 from workbench.checkpoint.sfile import SafetensorsFile
-from workbench.errors import printable
-from workbench.fsio import MAX_CONFIG, MAX_INDEX, InputFileError, check_regular, kind_of, read_bytes
+from workbench.fsio import InputFileError, check_regular, kind_of
 
-INDEX_NAME = "model.safetensors.index.json"
 MAX_TOKENIZER = 200_000_000  # (the largest real ones are ~35 MB)
-
-
-class CheckpointError(Exception):
-    """The path cannot be used as a checkpoint (or a tensor cannot be read); the message
-    names the file, tensor and byte offset where known."""
 
 
 @dataclass(frozen=True)
@@ -46,33 +41,6 @@ class TensorInfo:
     source_name: str     # name as stored in the checkpoint
     part: str | None = None      # "gate" / "up": a half of a fused HF experts.gate_up_proj
     component: str = "language_model"
-
-
-@dataclass
-class Problem:
-    code: str
-    severity: str
-    message: str
-    tensor: str | None = None
-    file: str | None = None
-    layer: int | None = None
-    suggestion: str | None = None
-
-    def to_dict(self) -> dict:
-        return {"code": self.code, "severity": self.severity, "message": self.message, "tensor": self.tensor,
-                "file": self.file, "layer": self.layer, "suggestion": self.suggestion}
-
-
-def _inside(root: Path, rel: str) -> bool:
-    """Lexical containment (symlinks inside the directory are allowed, as in the HF cache)."""
-    if not isinstance(rel, str) or not rel or "\x00" in rel or "\\" in rel or os.path.isabs(rel):
-        return False
-    norm = os.path.normpath(rel)
-    return not (norm == ".." or norm.startswith("../") or norm.startswith("/") or norm == ".")
-
-
-def _json_type(v) -> str:
-    return {bool: "boolean", int: "number", float: "number", list: "array", dict: "object"}.get(type(v), "value")
 
 
 class Checkpoint:
@@ -107,11 +75,11 @@ class Checkpoint:
         else:
             self.root = p
             single = None
-        self.config = self._read_config()
+        self.config, self.config_present = read_config(self.root, self.problems)
         if single:
             self.files = [single]
         else:
-            self.files = self._discover()
+            self.files, self.index, self._missing_shards = discover(self.root, self.problems)
         for f in self.files:
             sf = SafetensorsFile.parse(str(self.root / f))
             if sf.unreadable:  # a file we cannot open is unusable input, not a list of "missing" tensors
@@ -121,124 +89,12 @@ class Checkpoint:
                 self.problems.append(Problem(q["code"], q["severity"], q["message"], q["tensor"], f,
                                              N.layer_of(q["tensor"]) if q["tensor"] else None))
         self._build_tables()
-        self._check_index()
+        check_index(self.index, self._missing_shards, self.sfiles, self.where, self.tensors, self.problems)
         self.quant_config = QuantConfig(self.config)
         self._arch = None
         self._arch_error = None
 
     # ---------------------------------------------------------------- opening
-    def _read_config(self) -> dict:
-        cp = self.root / "config.json"
-        self.config_present = False
-        if not os.path.lexists(cp):
-            self.problems.append(Problem("bad-config", "error",
-                                         f"no config.json in {self.root.name or self.root}: completeness "
-                                         "cannot be checked, and workbench.load cannot build a model without it",
-                                         file="config.json"))
-            return {}
-        try:  # a config we cannot read at all (FIFO, device, permissions, over the cap) is unusable input
-            raw = read_bytes(cp, MAX_CONFIG, str(cp))
-        except InputFileError as e:
-            raise CheckpointError(str(e)) from None
-        try:
-            cfg = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError, RecursionError) as e:
-            msg = f"config.json is not valid JSON: {e.msg} at byte {e.pos}" if isinstance(e, json.JSONDecodeError) \
-                else f"config.json cannot be parsed: {type(e).__name__}"
-            self.problems.append(Problem("bad-config", "error", msg, file="config.json"))
-            return {}
-        if not isinstance(cfg, dict):
-            self.problems.append(Problem("bad-config", "error", "config.json is not a JSON object",
-                                         file="config.json"))
-            return {}
-        for where, d in (("model_type", cfg), ("text_config.model_type", cfg.get("text_config"))):
-            mt = d.get("model_type") if isinstance(d, dict) else None
-            if mt is not None and not isinstance(mt, str):
-                raise CheckpointError(f"{cp}: {where} is {json.dumps(mt)[:60]} (a JSON {_json_type(mt)}), "
-                                      "not a string")
-        self.config_present = True
-        return cfg
-
-    def _discover(self) -> list[str]:
-        # every non-directory entry: a FIFO or device among them is refused by name when opened
-        on_disk = sorted(e.name for e in os.scandir(self.root) if e.name.endswith(".safetensors")
-                         and not e.is_dir())
-        model_files = [f for f in on_disk if f.startswith("model")] or on_disk
-        ip = self.root / INDEX_NAME
-        if not os.path.lexists(ip):
-            if not model_files:
-                raise CheckpointError(f"{self.root}: no .safetensors files and no {INDEX_NAME}")
-            return model_files
-        try:
-            raw = read_bytes(ip, MAX_INDEX, INDEX_NAME)
-            idx = json.loads(raw.decode("utf-8"))
-            if not isinstance(idx, dict) or not isinstance(idx.get("weight_map"), dict):
-                raise ValueError("no weight_map object")
-        except (UnicodeDecodeError, ValueError, RecursionError) as e:
-            msg = f"{e.msg} at byte {e.pos}" if isinstance(e, json.JSONDecodeError) else \
-                (type(e).__name__ if isinstance(e, RecursionError) else str(e))
-            self.problems.append(Problem("index-mismatch", "error", f"{INDEX_NAME} cannot be used ({msg}); "
-                                         "reading the shard files found on disk instead", file=INDEX_NAME))
-            if not model_files:
-                raise CheckpointError(f"{self.root}: {INDEX_NAME} is unusable and no .safetensors files exist")
-            return model_files
-        wm = {}
-        escaped = {}
-        invalid = {}
-        for name, f in idx["weight_map"].items():
-            if not isinstance(f, str) or not f.strip() or "\x00" in f:
-                invalid.setdefault(repr(f)[:60], []).append(name)
-                continue
-            if not _inside(self.root, f):
-                escaped.setdefault(str(f), []).append(name)
-                continue
-            wm[name] = os.path.normpath(f)
-        for f, ns in escaped.items():
-            self.problems.append(Problem("path-escape", "error",
-                                         f"{INDEX_NAME} maps {len(ns)} tensor(s) (first {ns[0]!r}) to {f!r}, "
-                                         "outside the checkpoint directory: refused, not opened",
-                                         tensor=ns[0], file=INDEX_NAME, layer=N.layer_of(ns[0])))
-        for f, ns in invalid.items():
-            self.problems.append(Problem("index-mismatch", "error",
-                                         f"{INDEX_NAME} maps {len(ns)} tensor(s) (first {ns[0]!r}) to {f}, "
-                                         "which is not a file name", tensor=ns[0], file=INDEX_NAME,
-                                         layer=N.layer_of(ns[0])))
-            escaped.setdefault(f, []).extend(ns)  # known names, not "unlisted"
-        self.index = {"weight_map": wm, "escaped": escaped, "metadata": idx.get("metadata")}
-        files = []
-        self._missing_shards = {}
-        by_file: dict[str, list[str]] = {}  # one pass over the index (linear in its size)
-        for n, g in wm.items():
-            by_file.setdefault(g, []).append(n)
-        for f, ns in by_file.items():
-            if os.path.lexists(self.root / f) and not os.path.isdir(self.root / f):
-                files.append(f)  # (a FIFO, device or unreadable file is refused by name when opened)
-            else:
-                self._missing_shards[f] = ns
-                what = "is a directory" if os.path.isdir(self.root / f) else "does not exist"
-                self.problems.append(Problem("missing-shard", "error",
-                                             f"shard {f} named in {INDEX_NAME} for {len(ns)} tensor(s) "
-                                             f"(first {ns[0]!r}) {what}", tensor=ns[0], file=f))
-        listed = set(files)
-        for f in model_files:
-            if f not in listed and f not in self._missing_shards:
-                self.problems.append(Problem("index-mismatch", "warning",
-                                             f"{f} is in the directory but not named in {INDEX_NAME}; "
-                                             "its tensors are read too (mlx-lm loads every model*.safetensors)",
-                                             file=f))
-                files.append(f)
-        if not files and not self._missing_shards:
-            outside = [f for f in escaped if f not in invalid]
-            if outside or invalid:  # say why: each file it names is outside the directory, or no file name
-                first, what = (repr(outside[0]), "escapes the checkpoint directory") if outside else \
-                    (next(iter(invalid)), "is not a file name")
-                more = len(outside or invalid) - 1
-                raise CheckpointError(f"{self.root}: {INDEX_NAME} names no shard file inside the directory: "
-                                      f"{printable(first)[:200]} {what} (refused, not opened)"
-                                      + (f"; {more} more like it" if more else ""))
-            raise CheckpointError(f"{self.root}: {INDEX_NAME} names no shard files")
-        return files
-
     def _build_tables(self):
         self.tensors: dict[str, TensorInfo] = {}   # source name -> info
         self.where: dict[str, list[str]] = {}       # source name -> files holding it
@@ -257,7 +113,8 @@ class Checkpoint:
         for n, fs in self.where.items():
             if len(fs) > 1:
                 self.problems.append(Problem("duplicate-tensor", "error",
-                                             f"tensor {n!r} is stored in {len(fs)} files: {self._at(n, fs)}",
+                                             f"tensor {n!r} is stored in {len(fs)} files: "
+                                             f"{held_at(self.sfiles, n, fs)}",
                                              tensor=n, file=fs[1], layer=N.layer_of(n)))
         self.components: dict[str, int] = {}
         self._canon: dict[str, TensorInfo] = {}
@@ -317,38 +174,6 @@ class Checkpoint:
                 msg = " ".join(str(e).split())[:200] or type(e).__name__
                 self.tokenizer_error = f"tokenizer.json cannot be read by the tokenizers library: {msg}"
         return self._tokenizer
-
-    def _check_index(self):
-        if self.index is None:
-            return
-        wm = self.index["weight_map"]
-        for name, f in wm.items():
-            if f in self._missing_shards:
-                continue
-            sf = self.sfiles.get(f)
-            if sf is None or not sf.readable:
-                continue
-            if name not in sf.tensors:
-                held = self.where.get(name)
-                where = f"it is in {self._at(name, held)}" if held else "no shard holds it"
-                self.problems.append(Problem("index-mismatch", "error",
-                                             f"{INDEX_NAME} maps {name!r} to {f}, but {f}'s header has no such "
-                                             f"tensor ({where})", tensor=name, file=f, layer=N.layer_of(name)))
-        escaped = {n for ns in self.index["escaped"].values() for n in ns}
-        for name, fs in self.where.items():
-            if name not in wm and name not in escaped:
-                self.problems.append(Problem("index-mismatch", "error",
-                                             f"{fs[0]} holds {name!r} (byte {self.tensors[name].offset}), "
-                                             f"which {INDEX_NAME} does not list",
-                                             tensor=name, file=fs[0], layer=N.layer_of(name)))
-
-    def _at(self, name, files) -> str:
-        """'a.safetensors (byte 123), b.safetensors (byte 456)'"""
-        out = []
-        for f in files:
-            t = self.sfiles[f].tensors.get(name)
-            out.append(f"{f} (byte {self.sfiles[f].abs_offset(t)})" if t is not None else f)
-        return ", ".join(out)
 
     # ------------------------------------------------------------- properties
     @property

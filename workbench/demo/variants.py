@@ -254,7 +254,7 @@ def window_study(model, n_per_task: int = 40) -> dict:
 
     cfg = model.config
     W = cfg["sliding_window"]
-    tr = trace(model, FAR_RECALL, capture="full", dtype="float32", attention="explicit")
+    tr = trace(model, FAR_RECALL, capture="full", dtype="float32", run={"attention": "explicit"})
     tr.run()
     T = len(tr.ids[0])
     mass, on_answer = [], []

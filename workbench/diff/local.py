@@ -27,7 +27,7 @@ MAX_SEGMENT = 24
 
 
 def is_module_level(m) -> bool:
-    return getattr(m, "granularity", "op") == "module"
+    return m.granularity == "module"
 
 
 def topk_dependents(program) -> dict[str, list[str]]:

@@ -47,6 +47,8 @@ from typing import Any
 
 import numpy as np
 
+from workbench.dtypes import FP16_LOWEST
+
 
 @dataclass(frozen=True)
 class Tolerance:
@@ -55,7 +57,7 @@ class Tolerance:
     max_abs: float | None = None
     #: elements at or below this in both tensors are attention-mask fill (-inf, the dtype's
     #: lowest, -1e9: engines differ) and are left out of every metric; None: keep them
-    mask_below: float | None = -65504.0
+    mask_below: float | None = FP16_LOWEST
     #: with a noise floor (our own run in the engine's dtype), an op diverges when its nmse
     #: or 1-cosine exceeds noise_factor x the floor's (and noise_min), instead of the fixed limits
     noise_factor: float = 10.0
@@ -104,7 +106,7 @@ def _nonfinite_fast(a: np.ndarray, finite: np.ndarray, all_finite: bool) -> dict
             "neginf": int(np.isneginf(bad).sum())}
 
 
-def error_metrics(ref: np.ndarray, eng: np.ndarray, mask_below: float | None = -65504.0) -> dict[str, Any]:
+def error_metrics(ref: np.ndarray, eng: np.ndarray, mask_below: float | None = FP16_LOWEST) -> dict[str, Any]:
     """Metrics between two same-shaped arrays (see module docstring).
 
     When any element (outside the mask fill) is non-finite on either side, ``cosine``,
@@ -298,7 +300,7 @@ def _bad_mask(ref: np.ndarray, eng: np.ndarray, mask_below: float | None) -> np.
     return bad
 
 
-def position_profile(ref: np.ndarray, eng: np.ndarray, tokens: int, mask_below: float | None = -65504.0):
+def position_profile(ref: np.ndarray, eng: np.ndarray, tokens: int, mask_below: float | None = FP16_LOWEST):
     """Per token position: RMS error over that position's elements / RMS of the whole reference.
 
     None when no axis has ``tokens`` entries.  Masked (attention fill) elements are left
@@ -449,7 +451,7 @@ def _classify(grid: np.ndarray, valid: np.ndarray, stair: np.ndarray | None,
 
 
 def nonfinite_where(ref: np.ndarray, eng: np.ndarray, tokens: int | None = None,
-                    mask_below: float | None = -65504.0) -> dict[str, Any] | None:
+                    mask_below: float | None = FP16_LOWEST) -> dict[str, Any] | None:
     """Where the non-finite elements (either side, mask fill left out) of one op are.
 
     The op is viewed as rows x channels: rows are token positions when an axis has

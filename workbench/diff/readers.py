@@ -38,7 +38,7 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from workbench import fsio
+from workbench import dtypes, fsio
 from workbench.sizes import fmt_bytes
 
 #: metadata keys of a reference dump written by :func:`write_dump`
@@ -118,9 +118,8 @@ _ST_DTYPES = {
 
 
 def bf16_to_f32(raw: np.ndarray) -> np.ndarray:
-    """bfloat16 bit patterns (uint16 or 2-byte void) -> float32, exactly."""
-    u = np.ascontiguousarray(raw).view(np.uint16).astype(np.uint32) << 16
-    return u.view(np.float32)
+    """bfloat16 bit patterns (uint16 or 2-byte void) -> float32, exactly (:func:`workbench.dtypes.bf16_to_f32`)."""
+    return dtypes.bf16_to_f32(raw)
 
 
 def _to_f32(arr: np.ndarray, where: str) -> np.ndarray:

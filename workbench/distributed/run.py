@@ -160,7 +160,7 @@ def trace_distributed(path, prompt_or_ids, capture="stats", dtype=None, *, split
     ranks return None.  ``split``: layer counts per rank (default: balanced by the bytes
     of the tensors each rank reads).  ``capture``: "stats" | "full" | name patterns |
     None, applied on every rank (values stay on their rank).  ``attention``: as
-    ``model.trace(attention=...)``: None (the model's program, fused), "fused", "explicit"
+    ``model.trace(run=Run(attention=...))``: None (the model's program, fused), "fused", "explicit"
     or the layers whose attention runs as explicit scores -> softmax -> context steps.
     ``interventions``: as ``model.trace(interventions=...)`` (workbench.trace.patch,
     zero_head ... or ``{pattern: fn}``); each rank applies those that match its ops, so

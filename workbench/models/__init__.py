@@ -2,23 +2,28 @@
 
 ``workbench.load(path, dtype=None)`` opens a checkpoint with the reader
 (:mod:`workbench.checkpoint`), picks the family from ``model_type`` and builds the op
-program over the checkpoint's tensors.  See docs/ops.md for every op name.
+program over the checkpoint's tensors.  See docs/ops.md for every op name.  A family's
+config and tensor table are the reader's (workbench/checkpoint/families/<family>.py);
+its file here holds the op program.  A module-level model (the reference's own modules) is
+opened by the floor above, as the top package provides it (workbench/traceable.py).
 """
 from __future__ import annotations
 
 import os
 
-from workbench.checkpoint.arch import family_files
 from workbench.dtypes import parse_dtype
+from workbench.models import gemma3_text, gemma4_text, llama, qwen3
 from workbench.models.attention import Programs
 from workbench.models.builder import Builder  # noqa: F401  (re-exported)
 from workbench.models.feeds import KVCache  # noqa: F401  (re-exported)
 from workbench.models.model import Model, check_checkpoint
 from workbench.models.streaming import StreamedModel
 from workbench.sizes import parse_bytes
+from workbench.traceable import provided
 
-#: family name -> its file (config reader, tensor table, program): workbench/models/<family>.py
-FAMILIES = family_files()
+#: family name -> its program file (workbench/models/<family>.py; its Config, FAMILY and
+#: MODEL_TYPES are the family file's: workbench/checkpoint/families/<family>.py)
+FAMILIES = {m.FAMILY: m for m in (llama, qwen3, gemma3_text, gemma4_text)}
 _BY_MODEL_TYPE = {t: m for m in FAMILIES.values() for t in m.MODEL_TYPES}
 
 
@@ -93,8 +98,7 @@ def load_model(path, dtype=None, granularity="auto", library=None, attention="fu
                              "(fused, no scores step); explicit attention needs an op program")
         if preflight:
             _preflight_module(ck, path)
-        from workbench.reference import open_reference
-        model = open_reference(path if isinstance(path, (str, os.PathLike)) else ck.root, ck, library)
+        model = provided("module_level")(path if isinstance(path, (str, os.PathLike)) else ck.root, ck, library)
         dt = parse_dtype(dtype)
         if dt is not None:
             model.default_dtype = dt

@@ -1,7 +1,8 @@
 """The op builder every model family uses, and the fused element-wise kernels.
 
-A family file (llama.py, qwen3.py, gemma3_text.py, gemma4_text.py) reads top to bottom
-like its paper: a config dataclass, then ``build(cfg, b)`` that emits named ops through
+A family's program (llama.py, qwen3.py, gemma3_text.py, gemma4_text.py) reads top to
+bottom like its paper: ``build(cfg, b)`` over the family's Config (its config dataclass,
+checkpoint/families/<family>.py) emits named ops through
 the :class:`Builder` helpers below (``b.linear``, ``b.rmsnorm``, ``b.rope`` ...).  Every
 helper appends one :class:`~workbench.program.Op` and returns its name, so the family
 code is plain dataflow over names::
@@ -24,6 +25,7 @@ import mlx.nn as nn
 
 from workbench.attention import attention_mask, attention_scores, fused_attention, heads_concat, real_keys
 from workbench.program import Op, Program, layer_of
+from workbench.rope import dynamic_freqs
 
 
 # --------------------------------------------------------------------------- small fused math
@@ -181,20 +183,21 @@ class Builder:
 
     def rope(self, name: str, x: str, rope: dict, **attrs) -> str:
         """Rotary embedding of [B, H, T, D] at positions ``rope_offset[b] + t``; ``rope``:
-        the arguments from :func:`workbench.models.rope.rope_params`.  After :meth:`live_rows`
+        the arguments from :func:`workbench.rope.rope_params`.  After :meth:`live_rows`
         the rows are the forward's last ones: the op also reads ``input_ids`` and shifts the
         positions by the rows left out (``T - rows``)."""
         dims, base, scale, freqs, trad = rope["dims"], rope["base"], rope["scale"], rope["freqs"], rope["traditional"]
 
-        mscale = rope.get("mscale", 1.0)
+        mscale, dynamic = rope.get("mscale", 1.0), rope.get("dynamic")
 
         def fn(ctx, x, offset, ids=None):
             if mscale != 1.0:
                 x = x * mscale
             if ids is not None and ids.shape[1] != x.shape[2]:
                 offset = offset + (ids.shape[1] - x.shape[2])
+            f = freqs if dynamic is None else dynamic_freqs(dims, dynamic, mx.max(offset) + x.shape[2])
             return mx.fast.rope(x, dims, traditional=trad, base=base, scale=scale,
-                                offset=offset, freqs=freqs)
+                                offset=offset, freqs=f)
         inputs = [x, "rope_offset"] + (["input_ids"] if self.tail else [])
         return self.op(name, "rope", fn, inputs, rope_type=rope["type"], dims=dims,
                        base=base, rope_scale=scale, traditional=trad, **attrs)
@@ -249,6 +252,17 @@ class Builder:
             return heads_concat(fused_attention(q, k, v, valid, scale, window))
         return self.op(f"{module}.context", "attention", fn, [q, k, v, "key_valid"], **common, fused=True,
                        **attrs)
+
+    def cached_attention(self, module: str, layer: int, q: str, k: str, v: str, scale: float, n_heads: int,
+                         n_kv_heads: int, head_dim: int, window: int | None = None) -> str:
+        """The block's attention after its q/k/v heads: keys and values through the layer's
+        KV cache (``k_cache`` / ``v_cache``), :meth:`attention` under the causal mask (or the
+        sliding one, ``window`` set), and ``o_proj``: the lines the dense families share."""
+        k = self.kv_cache(f"{module}.k_cache", k, "k", layer)
+        v = self.kv_cache(f"{module}.v_cache", v, "v", layer)
+        mask = "attn_mask" if window is None else "attn_mask_sliding"
+        o = self.attention(module, q, k, v, mask, scale, n_heads, n_kv_heads, head_dim, window=window)
+        return self.linear(f"{module}.o_proj", o)
 
     def _attention_rows(self, module, q, k, v, mask, scale, n_heads, n_kv_heads, head_dim, common, attrs) -> str:
         """Explicit steps for the query positions ``self.queries`` only: ``scores`` /

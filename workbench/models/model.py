@@ -14,6 +14,7 @@ from workbench.dtypes import dtype_name, parse_dtype
 from workbench.models.feeds import KVCache, make_feeds
 from workbench.program import Program
 from workbench.text import TextCodec
+from workbench.traceable import provided
 
 
 # --------------------------------------------------------------------------- config
@@ -146,7 +147,8 @@ class Context:
 class Model(TextCodec):
     """A checkpoint, its op program and what is needed to run it.
 
-    ``execute(model.program, model.context(...), model.feeds(ids))["logits"]``
+    ``execute(model.program, model.context(...), model.feeds(ids))["logits"]``; what a trace
+    needs of it: :class:`workbench.traceable.OpTraceable`.
     """
 
     #: the programs per attention choice (workbench.models.attention.Programs; set by load)
@@ -225,9 +227,9 @@ class Model(TextCodec):
         return make_feeds(ids, attention_mask, cache, self._windows, self.vocab_size, check_ids)
 
     def trace(self, ids_or_text, capture="stats", dtype=None, **kw):
-        """A :class:`~workbench.trace.tracer.Trace` of this model (``workbench.trace(model, ...)``)."""
-        from workbench.trace.entry import trace
-        return trace(self, ids_or_text, capture=capture, dtype=dtype, **kw)
+        """A :class:`~workbench.trace.tracer.Trace` of this model (``workbench.trace(model, ...)``:
+        the tracer, a floor above, as the top package provides it: workbench/traceable.py)."""
+        return provided("trace")(self, ids_or_text, capture=capture, dtype=dtype, **kw)
 
     def __call__(self, ids, attention_mask=None, cache=None, dtype=None) -> mx.array:
         """Logits [B, T, vocab] (uncaptured, lazy)."""
@@ -235,13 +237,19 @@ class Model(TextCodec):
         return execute(self.program, self.context(dtype, cache), self.feeds(ids, attention_mask, cache))["logits"]
 
     # -- introspection
-    def op_tensors(self, op_name: str) -> dict[str, mx.array]:
-        """Every checkpoint tensor the op reads (weight, scales, biases, bias ...), as stored."""
-        return {n: self._raw[n] for n in self.op_tensor_names(self.program[op_name])}
+    def op_tensors(self, name: str) -> dict[str, mx.array]:
+        """Every checkpoint tensor the op reads (weight, scales, biases, bias ...), as stored
+        (:class:`workbench.traceable.Traceable`)."""
+        return {n: self._raw[n] for n in self.op_tensor_names(self.program[name])}
 
     def op_tensor_names(self, op) -> list[str]:
         """The checkpoint tensors an op reads: its params, or their weight, scales, biases ..."""
         return op.tensor_names(self._raw)
+
+    @property
+    def step_names(self) -> list[str]:
+        """The names a trace's steps carry: the program's ops."""
+        return [op.name for op in self.program.ops]
 
     @property
     def tensor_names(self) -> list[str]:

@@ -226,7 +226,8 @@ def _trim_heap() -> None:
 
 class StreamedModel(Model):
     """A :class:`Model` whose weights are read per segment and released after (module
-    docstring).  ``memory_budget``: bytes for weights and captured values together."""
+    docstring).  ``memory_budget``: bytes for weights and captured values together.  What a
+    trace needs of it: :class:`workbench.traceable.OpTraceable`."""
 
     def __init__(self, family, config, text_config, checkpoint, program, tensor_names, *,
                  memory_budget: int, progress=None, **kw):
@@ -304,6 +305,6 @@ class StreamedModel(Model):
 
     def __call__(self, ids, attention_mask=None, cache=None, dtype=None) -> mx.array:
         """Logits [B, T, vocab], evaluated (the program runs segment by segment)."""
-        t = self.trace(ids, capture=None, dtype=dtype, cache=cache, attention_mask=attention_mask)
+        t = self.trace(ids, capture=None, dtype=dtype, run={"cache": cache}, positions={"attention_mask": attention_mask})
         t.run()
         return t.value(t.ops[-1])

@@ -13,8 +13,9 @@
 live in :mod:`workbench.plots.analysis`, apart from the figures.
 """
 from workbench.plots.analysis import LogitLens, ResidualNorms, logit_lens, project, residual_norms, weight_values
-from workbench.plots.figures import (activation_heatmap, attention_pattern, error_curve, logit_lens_plot,
-                                     position_error_map, residual_norm_plot, save, weight_histogram)
+from workbench.plots.diff_figures import error_curve, position_error_map
+from workbench.plots.figures import (activation_heatmap, attention_pattern, logit_lens_plot, residual_norm_plot, save,
+                                     weight_histogram)
 
 __all__ = ["error_curve", "position_error_map", "activation_heatmap", "attention_pattern", "residual_norm_plot", "weight_histogram",
            "logit_lens_plot", "logit_lens", "LogitLens", "residual_norms", "ResidualNorms", "project", "save",

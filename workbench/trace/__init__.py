@@ -6,7 +6,9 @@
     t.step(); t.run(until="layers.2"); t.back()
     t.stats("layers.1.mlp.down_proj"); t.first_nonfinite()
 
-See docs/trace.md.  ``workbench.trace`` is the module and is also callable:
+What ``trace`` takes beside the prompt is grouped (:mod:`workbench.trace.options`):
+``positions=Positions(logits="last")``, ``run=Run(attention="explicit", cache=...)``,
+``storage=Storage(memory_budget="2GB")``.  See docs/trace.md.  ``workbench.trace`` is the module and is also callable:
 ``workbench.trace(model, ...)`` is :func:`workbench.trace.trace`.
 """
 import sys as _sys
@@ -21,9 +23,10 @@ from workbench.trace.record import Record, is_record
 from workbench.trace.stats import KEYS as STATS_KEYS
 from workbench.trace.store import ValueStore
 from workbench.trace.entry import prepare_ids, trace
+from workbench.trace.options import Positions, Run, Storage
 from workbench.trace.tracer import NONFINITE, Step, Trace, TraceError
 
-__all__ = ["trace", "Trace", "ModuleTrace", "Record", "is_record", "Step", "TraceError", "NONFINITE", "generate", "Generation", "hunt", "HuntResult",
+__all__ = ["trace", "Positions", "Run", "Storage", "Trace", "ModuleTrace", "Record", "is_record", "Step", "TraceError", "NONFINITE", "generate", "Generation", "hunt", "HuntResult",
            "Finding", "diagnose", "CAUSES", "Intervention", "patch", "replace", "zero_head", "inject",
            "ValueStore", "STATS_KEYS", "prepare_ids", "head_stats", "attention_probabilities"]
 

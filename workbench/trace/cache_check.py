@@ -190,6 +190,7 @@ def cache_check(model, ids, dtype=None, *, tolerance: dict | None = None) -> Cac
     docstring).  ``ids``: text or token ids of one sequence, at least 2 tokens.
     ``tolerance``: {dtype name: relative tolerance}, replacing entries of :data:`TOLERANCE`."""
     from workbench.trace.entry import prepare_ids, trace
+    from workbench.trace.options import Run
     from workbench.trace.step import TraceError
 
     tol = dict(TOLERANCE)
@@ -220,7 +221,7 @@ def cache_check(model, ids, dtype=None, *, tolerance: dict | None = None) -> Cac
     del full
 
     cache = model.make_cache()
-    done(trace(model, x[:, :-1], capture=None, dtype=dtype, cache=cache), "prefill")
+    done(trace(model, x[:, :-1], capture=None, dtype=dtype, run=Run(cache=cache)), "prefill")
     restore = None
     if plant == "position":
         if module:
@@ -236,7 +237,7 @@ def cache_check(model, ids, dtype=None, *, tolerance: dict | None = None) -> Cac
             model.feeds = shifted
             restore = lambda: vars(model).pop("feeds", None)  # noqa: E731
     try:
-        dec = done(trace(model, x[:, -1:], capture=capture, dtype=dtype, cache=cache), "decode")
+        dec = done(trace(model, x[:, -1:], capture=capture, dtype=dtype, run=Run(cache=cache)), "decode")
     finally:
         if restore is not None:
             restore()

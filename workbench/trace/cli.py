@@ -134,20 +134,20 @@ def run(args) -> int:
     if args.timeout is not None:
         raise UsageError("--timeout bounds the child of --crash: give --crash too")
     model, ids = load_with_ids(args, memory_budget=budget)
-    kw = {}
+    run, positions = {}, {}
     if args.attention != "fused":
         if model.granularity == "module":
             raise UsageError("--attention: a module-level model runs its own attention modules (no scores step)")
         try:
-            kw["attention"] = parse_option(args.attention)
+            run["attention"] = parse_option(args.attention)
         except ValueError as e:
             raise UsageError(str(e)) from None
     if args.logits is not None:
-        kw["logits"] = parse_logits(args.logits)
+        positions["logits"] = parse_logits(args.logits)
     if args.prune:
-        kw["prune"] = True
+        positions["prune"] = True
     try:
-        result = hunt(model, ids, dtype=args.dtype, **kw)
+        result = hunt(model, ids, dtype=args.dtype, run=run, positions=positions)
     except (ValueError, KeyError, TraceError) as e:
         raise UsageError(str(e).strip("'\"")) from None
     report = result.report

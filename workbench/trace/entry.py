@@ -11,8 +11,8 @@ from workbench import device_memory
 from workbench.dtypes import dtype_name, parse_dtype
 from workbench.trace.logits import Pruned
 from workbench.trace.logits import resolve as resolve_logits
+from workbench.trace.options import Positions, Run, Storage, flat, resolve
 from workbench.trace.step import TraceError
-from workbench.trace.store import ValueStore
 from workbench.trace.tracer import Trace
 
 
@@ -154,62 +154,58 @@ def prepare_ids(model, ids_or_text, pad_id: int | None = None):
     return mx.array(ids, dtype=mx.int32), mx.array(mask, dtype=mx.bool_), batched
 
 
-MEDIA_KEYWORDS = ("images", "audio")  # what only a module-level model takes (workbench.reference.media)
-
-
 def trace(model, ids_or_text, capture="stats", dtype=None, breakpoints=None, interventions=None, *,
-          cache=None, attention_mask=None, pad_id: int | None = None, memory_budget: int | None = None,
-          spill_dir: str | None = None, flush_bytes: int = 512 * 2**20, store: ValueStore | None = None,
-          key_prefix: str = "", attention=None, check_ids: bool = True, logits=None, prune: bool = False,
-          **extra) -> Trace:
+          positions: Positions | None = None, run: Run | None = None, storage: Storage | None = None,
+          images=None, audio=None, **deprecated) -> Trace:
     """A :class:`Trace` of ``model`` on text, token ids, or a batch of either.
 
     capture: ``"stats"`` (default) | ``"full"`` | [name patterns] | None.
     dtype: compute dtype (``"float32"``, ``"bfloat16"``, ``"float16"``) whatever the
     storage dtype; None uses the model's default.
+    breakpoints, interventions: where :meth:`Trace.run` stops; what changes op outputs.
     Batches are left padded and masked.  ``.logits`` is [B, T, vocab] (B = 1 for one sequence).
-    attention: None (the model's program, fused unless ``load`` said otherwise) |
-    ``"fused"`` | ``"explicit"`` | layers (``3``, ``"layers.3"`` or a list) whose attention
-    runs as explicit scores -> softmax -> context steps (docs/trace.md, Attention).
-    check_ids: False skips reading the ids back to check their range: for ids a sampler drew
-    from this model's logits (a decoding step then queues without waiting for the device).
-    logits: the positions the head computes: ``"all"`` | ``"last"`` | a slice | a list of
-    positions | None (``"all"`` unless [B, T, vocab] would pass the logits budget, then
-    ``"last"``: workbench/trace/logits.py); ``tr.logit_positions`` says which it has.
-    prune: True computes the layers whose rows reach no other position (Gemma 4's KV-shared
-    layers: they write no cache) from the first logit position on only, as mlx-lm's chunked
-    prefill and llama.cpp do: the logits are the same, those ops' statistics cover the kept
-    positions (``tr.positions(name)``; ``tr.pruned``).  A model without such layers is refused.
+    positions: :class:`~workbench.trace.options.Positions` -- the positions the head
+    computes (``logits``), ``prune``, a batch's ``pad_id`` / ``attention_mask``.
+    run: :class:`~workbench.trace.options.Run` -- ``attention`` (fused / explicit / which
+    layers), the KV ``cache``, ``check_ids``.
+    storage: :class:`~workbench.trace.options.Storage` -- where captured values are kept
+    (``memory_budget``, ``spill_dir``, ``flush_bytes``, ``store``, ``key_prefix``).
+    Each group may be a dict of its fields.  images, audio: what a multimodal module-level
+    model reads beside the text (:mod:`workbench.reference.media`).
+
+    ``deprecated``: the old flat keywords (``attention=``, ``logits=``, ``cache=`` ...), for
+    one release: one DeprecationWarning per call names the new spelling; any other keyword
+    is a TypeError naming it and the groups (:func:`workbench.trace.options.resolve`).
     """
+    groups = resolve({"positions": positions, "run": run, "storage": storage}, deprecated)
+    pos, how, keep = groups["positions"], groups["run"], groups["storage"]
     module = model.granularity == "module"
-    unknown = [k for k in extra if k not in MEDIA_KEYWORDS]
-    if unknown:
-        raise TypeError(f"trace() got unknown keyword argument{'s' if len(unknown) > 1 else ''} "
-                        f"{', '.join(map(repr, unknown))} (docs/trace.md lists what it takes)")
-    if attention is not None and module:
+    if how.attention is not None and module:
         raise TraceError("attention=: a module-level model runs its own attention modules (no scores step)")
-    if prune and module:
+    if pos.prune and module:
         raise TraceError("prune=True: a module-level model runs its own modules on every row; "
                          "load it with granularity='op' to prune")
     if module:  # a reference model: its module calls are the steps
+        kw = flat(pos, how, keep)
+        del kw["attention"], kw["prune"]
+        media = {k: v for k, v in (("images", images), ("audio", audio)) if v is not None}
         return model.module_trace(ids_or_text, capture=capture, dtype=dtype, breakpoints=breakpoints,
-                                  interventions=interventions, cache=cache, attention_mask=attention_mask,
-                                  pad_id=pad_id, memory_budget=memory_budget, spill_dir=spill_dir,
-                                  flush_bytes=flush_bytes, store=store, key_prefix=key_prefix,
-                                  check_ids=check_ids, logits=logits, **extra)
-    if extra:
-        raise TraceError(f"{', '.join(extra)}: only a module-level model (workbench.load(..., "
+                                  interventions=interventions, **kw, **media)
+    if images is not None or audio is not None:
+        given = ", ".join(k for k, v in (("images", images), ("audio", audio)) if v is not None)
+        raise TraceError(f"{given}: only a module-level model (workbench.load(..., "
                          "granularity='module')) takes images or audio")
-    ids, mask, batched = prepare_ids(model, ids_or_text, pad_id)
-    if attention_mask is not None:
-        mask = attention_mask if isinstance(attention_mask, mx.array) else mx.array(attention_mask)
+    cache = how.cache
+    ids, mask, batched = prepare_ids(model, ids_or_text, pos.pad_id)
+    if pos.attention_mask is not None:
+        mask = pos.attention_mask if isinstance(pos.attention_mask, mx.array) else mx.array(pos.attention_mask)
     dt = _parse_dtype(dtype)
-    program = model.program_for(attention, prune=True) if prune else \
-        model.program_for(attention) if attention is not None else model.program
+    program = model.program_for(how.attention, prune=True) if pos.prune else \
+        model.program_for(how.attention) if how.attention is not None else model.program
     ctx = model.context(dt, cache=cache)
-    rows = resolve_logits(logits, ids.shape[1], ids.shape[0], vocab_size(model), ctx.dtype)
-    pruned = pruned_rows(program, rows, model) if prune else None
-    feeds = model.feeds(ids, attention_mask=mask, cache=cache, check_ids=check_ids)
+    rows = resolve_logits(pos.logits, ids.shape[1], ids.shape[0], vocab_size(model), ctx.dtype)
+    pruned = pruned_rows(program, rows, model) if pos.prune else None
+    feeds = model.feeds(ids, attention_mask=mask, cache=cache, check_ids=how.check_ids)
     ctx.logit_rows = rows
     check_attention_memory(program, ids.shape[0], ids.shape[1],
                            (cache.offset if cache is not None else 0) + ids.shape[1], ctx.dtype)
@@ -224,8 +220,8 @@ def trace(model, ids_or_text, capture="stats", dtype=None, breakpoints=None, int
 
     tr = Trace(program, ctx, feeds, capture=capture, breakpoints=breakpoints,
                interventions=interventions, context=context, tensors=tensors,
-               memory_budget=memory_budget, spill_dir=spill_dir, flush_bytes=flush_bytes,
-               store=store, key_prefix=key_prefix, model=model, batched=batched, ids=ids,
+               memory_budget=keep.memory_budget, spill_dir=keep.spill_dir, flush_bytes=keep.flush_bytes,
+               store=keep.store, key_prefix=keep.key_prefix, model=model, batched=batched, ids=ids,
                attention_mask=mask)
     tr.logit_rows = rows
     tr.pruned = pruned

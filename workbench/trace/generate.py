@@ -40,6 +40,7 @@ import numpy as np
 from workbench.nogc import no_gc
 from workbench.trace.store import ValueStore
 from workbench.trace.entry import check_token_ids, prepare_ids, trace as _trace, vocab_size
+from workbench.trace.options import Positions, Run, Storage
 from workbench.trace.step import TraceError
 from workbench.trace.batches import wait_for_stats
 
@@ -219,8 +220,9 @@ def generate(model, prompt, max_tokens: int = 16, capture="stats", dtype=None, *
     if memory_budget is None:  # a streamed model: what its budget leaves beside the weights
         memory_budget = getattr(model, "capture_budget", None)
     store = ValueStore(memory_budget, spill_dir)
-    kw = dict(capture=capture, dtype=dtype, interventions=interventions, store=store)
-    t = _trace(model, ids, cache=cache, attention_mask=mask, key_prefix="0/", **kw)
+    kw = dict(capture=capture, dtype=dtype, interventions=interventions)
+    t = _trace(model, ids, positions=Positions(attention_mask=mask), run=Run(cache=cache),
+               storage=Storage(store=store, key_prefix="0/"), **kw)
     traces = [t]
     B = ids.shape[0]
     out: list[list[int]] = [[] for _ in range(B)]
@@ -239,8 +241,8 @@ def generate(model, prompt, max_tokens: int = 16, capture="stats", dtype=None, *
             # (on a GPU; the CPU computes where Python runs).  Statistics are read later.
             ahead = None
             if n < max_tokens - 1:
-                ahead = _trace(model, nxt.astype(mx.int32)[:, None], cache=cache, key_prefix=f"{n + 1}/",
-                               check_ids=False, **kw)
+                ahead = _trace(model, nxt.astype(mx.int32)[:, None], run=Run(cache=cache, check_ids=False),
+                               storage=Storage(store=store, key_prefix=f"{n + 1}/"), **kw)
                 nxt_ahead = _forward(ahead, sampler, n + 1)
             t.start_stats()  # forward n's statistics (CPU), while forward n + 1 computes
             toks = nxt.tolist()

@@ -62,7 +62,7 @@ class Finding:
     #: {nan, posinf, neginf}} (None for other ops, or when they would be too large)
     inside: dict | None = None
     #: the op's rows are positions ``start .. stop - 1`` of the forward (``[start, stop]``,
-    #: ``trace(..., prune=True)``); None: every position (or the head's, ``logits``)
+    #: ``Positions(prune=True)``); None: every position (or the head's, ``logits``)
     positions: list | None = None
 
     def to_dict(self) -> dict:
@@ -296,7 +296,8 @@ def hunt(model, ids_or_text, dtype=None, **trace_kwargs) -> HuntResult:
 
     ``report`` is ``{"first_nonfinite": {op, layer, cause, nan, posinf, neginf, ...} | None,
     "ops_checked": int, "logits": {"positions": "all" | [int], "of": T, "note": str | None}}``
-    (the positions the head computed: ``logits=`` among ``trace_kwargs``, or the default),
+    (the positions the head computed: ``positions=Positions(logits=)`` among ``trace_kwargs``,
+    or the default),
     ``"pruned": {"op", "positions", "of"} | None`` (``prune=True``: the rows the ops from
     ``op`` on computed).
     """

@@ -1,4 +1,4 @@
-"""Logits where they are needed: ``trace(model, ids, logits="all" | "last" | slice | positions)``.
+"""Logits where they are needed: ``trace(model, ids, positions=Positions(logits="all" | "last" | slice | ...))``.
 
 The final projection (``lm_head``, or the tied embedding) is the largest output of a forward:
 [B, T, vocab].  At 16,384 tokens Gemma 4 E2B's is [16384, 262144], 2^32 elements, and kills
@@ -123,7 +123,7 @@ class LogitRows:
 
 @dataclass(frozen=True)
 class Pruned:
-    """What ``trace(..., prune=True)`` left out: from the op ``op`` (kind "rows",
+    """What ``trace(..., positions=Positions(prune=True))`` left out: from the op ``op`` (kind "rows",
     ``layers.{k}.live_rows``) on, the stream holds positions ``start .. T - 1`` only."""
 
     op: str

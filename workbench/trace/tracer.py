@@ -14,10 +14,15 @@ adds:
 * interventions (:mod:`workbench.trace.interventions`);
 * the NaN hunt (:meth:`Trace.first_nonfinite`, see :mod:`workbench.trace.hunt`).
 
-Beside it: step.py (the :class:`Step` record), snapshots.py (cache snapshots for going
-back), batches.py (the statistics-batch ledger: pending, in flight, arrived), replay.py
-(the program run again for recomputation), entry.py (``trace(model, ...)``: text or ids to a
-Trace of the model).
+This module holds the trace's state (the position, the live values, the step records,
+capture, breakpoints, interventions) and runs its ops through the one executor loop
+(:func:`workbench.program.run_ops`).  Beside it: stepping.py (the navigation: ``step``,
+``run``, ``back``, ``reset``, breakpoints hit), reading.py (what it gives back: values,
+statistics, positions, logits, the first non-finite op, recomputation), step.py (the
+:class:`Step` record), snapshots.py (cache snapshots for going back), batches.py (the
+statistics-batch ledger: pending, in flight, arrived), replay.py (the program run again for
+recomputation), options.py and entry.py (``trace(model, ...)``: text or ids to a Trace of
+the model).
 
 Statistics are lazy: each op adds a tiny lazy reduction to the graph and the trace
 evaluates many of them with one ``mx.eval`` (at the end of ``run()``, or whenever the
@@ -31,17 +36,16 @@ from collections import OrderedDict
 from typing import Any, Callable, Mapping
 
 import mlx.core as mx
-import numpy as np
 
-from workbench.nogc import no_gc
-from workbench.progress import start as start_progress
-from workbench.program import Program, name_matches
-from workbench.trace import stats as _stats
+from workbench.program import Program, run_ops
 from workbench.trace.batches import Batches, wait_for_stats
 from workbench.trace.interventions import Intervention, normalize as _norm_iv
-from workbench.trace.replay import Replay, recompute_op
-from workbench.trace.snapshots import restore, snapshot
+from workbench.trace.options import FLUSH_BYTES
+from workbench.trace.reading import Reading
+from workbench.trace.replay import Replay
+from workbench.trace.snapshots import snapshot
 from workbench.trace.step import NONFINITE, Step, TraceError, dtype_str, headroom_rows  # noqa: F401  (re-exported)
+from workbench.trace.stepping import Stepping
 from workbench.trace.store import ValueStore
 
 _UNDO_DEPTH = 32
@@ -51,7 +55,7 @@ _UNDO_DEPTH = 32
 QUEUE_BYTES = 1 << 30
 
 
-class Trace:
+class Trace(Stepping, Reading):
     """Step through ``program`` in ``ctx`` on ``feeds``.
 
     Parameters
@@ -82,7 +86,7 @@ class Trace:
                  capture="stats", breakpoints=None, interventions=None,
                  context: Callable | None = None, tensors: Callable | None = None,
                  memory_budget: int | None = None, spill_dir: str | None = None,
-                 flush_bytes: int = 512 * 2**20, store: ValueStore | None = None,
+                 flush_bytes: int = FLUSH_BYTES, store: ValueStore | None = None,
                  key_prefix: str = "", model: Any = None, batched: bool = True,
                  ids: mx.array | None = None, attention_mask: mx.array | None = None, progress=None):
         missing = [n for n in program.inputs if n not in feeds]
@@ -295,16 +299,15 @@ class Trace:
         was last queued), or None at ``end``.  ``record=False`` re-executes without recording
         (going back, rewinding) and never stops early.
 
+        The ops run in the one executor loop (:func:`workbench.program.run_ops`); what the trace
+        adds per op (the record, the statistics batch, where to stop) is the loop's body here.
         The hot path of every forward: the per-op Python is locals and one call to the op's
         function (a decoding step runs hundreds of ops per token, and on a GPU the device waits
         for this Python; benchmarks/README.md, building a decoding step's graph)."""
-        plan = self.program.exec_plan()
-        env, ctx = self._env, self.ctx
-        ivs_by = self._iv_by_op
+        ivs_by, ops = self._iv_by_op, self._ops
         # the values an op freed are kept for going back (without a KV cache) for the last
         # _UNDO_DEPTH ops of the span only: the depth kept anyway (going back further replays)
         undo = self._undo if self._undoable else None
-        undo_from = end - _UNDO_DEPTH
         ends = self._ends
         keep, stats_on = self._keep, self._stats_on
         shapes, dtypes = self._shapes, self._dtypes
@@ -313,47 +316,22 @@ class Trace:
         nbytes = batches.nbytes
         queued = self._queued
         why = None
+        steps = run_ops(self.program, self.ctx, self._env, i, end, freed=undo, freed_from=end - _UNDO_DEPTH,
+                        apply=self._intervene if ivs_by and self.applies_interventions else None,
+                        failed=self._failed)
         try:
-            while i < end:
-                name, fn, inputs, frees = plan[i]
-                try:
-                    args = [env[s] for s in inputs]
-                except KeyError as e:  # pragma: no cover - guarded by Program invariants
-                    raise TraceError(f"op {name!r} needs {e.args[0]!r}, which is not available") from None
-                try:
-                    out = fn(ctx, *args)
-                except Exception as e:  # name the op (MLX raises shape errors while building the graph)
-                    raise self._failed(i, args, e) from e
-                labels = ()
-                if ivs_by:
-                    ivs = ivs_by.get(name)
-                    if ivs:
-                        if self.applies_interventions:
-                            op = self._ops[i]
-                            for iv in ivs:
-                                out = iv.apply(out, op)
-                        labels = tuple(iv.label for iv in ivs)
-                env[name] = out
-                if undo is None or i < undo_from:
-                    for s in frees:
-                        env.pop(s, None)
-                else:
-                    freed = {}
-                    for s in frees:
-                        v = env.pop(s, None)
-                        if v is not None:
-                            freed[s] = v
-                    undo[i] = freed
-                    if len(undo) > _UNDO_DEPTH:
-                        undo.popitem(last=False)
-                j = i
-                i += 1
+            for j, out in steps:
+                i = j + 1
+                if undo is not None and len(undo) > _UNDO_DEPTH:
+                    undo.popitem(last=False)
                 if record:
                     shapes.append(out.shape)
                     dtypes.append(out.dtype)
-                    if labels:
-                        self._labels[j] = labels
-                    kept = name in keep
+                    if ivs_by:
+                        ivs = ivs_by.get(ops[j].name)
+                        if ivs:
+                            self._labels[j] = tuple(iv.label for iv in ivs)
+                    kept = ops[j].name in keep
                     if stats_on or kept:
                         if not pend:
                             batches.first = j
@@ -383,9 +361,19 @@ class Trace:
             self.position, batches.nbytes, self._queued = i, nbytes, queued
         return i, why
 
-    def _failed(self, i: int, args, e: Exception) -> TraceError:
+    def _intervene(self, op, out):
+        """The interventions on op ``op`` applied to its output (those added so far)."""
+        for iv in self._iv_by_op.get(op.name, ()):
+            out = iv.apply(out, op)
+        return out
+
+    def _failed(self, i: int, e: Exception) -> TraceError:
         """The error naming op ``i``, the shapes it was given and the weights it reads."""
         op = self._ops[i]
+        missing = [s for s in op.inputs if s not in self._env]
+        if missing:  # (guarded by the Program's invariants)
+            return TraceError(f"op {op.name!r} needs {missing[0]!r}, which is not available")
+        args = [self._env[s] for s in op.inputs]
         shapes = ", ".join(f"{s} {list(a.shape)} {dtype_str(a.dtype)}" for s, a in zip(op.inputs, args))
         return TraceError(f"op {op.name!r} ({op.kind}, op {i}) failed on {shapes or 'no inputs'}"
                           f"{' reading ' + ', '.join(op.params) if op.params else ''}: {e}")
@@ -423,388 +411,3 @@ class Trace:
         on the CPU's statistics thread, without waiting for them (a decoding loop calls it
         once the next forward is queued); on a GPU they are already computing."""
         self.batches.start()
-
-    def _hit(self, step: Step) -> bool:
-        for bp in self.breakpoints:
-            if isinstance(bp, str):
-                if bp == NONFINITE:
-                    if step.nonfinite:
-                        return True
-                elif name_matches(step.name, bp):
-                    return True
-            elif bp(step):
-                return True
-        return False
-
-    def _queue_layers(self) -> bool:
-        """Whether :meth:`run` queues the graph on the device at layer ends (every
-        :data:`QUEUE_BYTES` of outputs): on a GPU, without statistics, for a forward over more
-        than one position.  Never on the CPU (MLX's CPU stream and the host statistics share
-        its cores); never for a one-token decoding step (launch-bound: nothing to hide Python
-        behind); not with statistics: their batches are queued every ``flush_bytes`` already
-        (benchmarks/README.md, queueing the graph at layer ends)."""
-        if mx.default_device().type != mx.DeviceType.gpu or self._stats_on:
-            return False
-        return self.ids is None or self.ids.shape[-1] != 1
-
-    def _needs_stats_for_breaks(self) -> bool:
-        return any(not isinstance(b, str) or b == NONFINITE for b in self.breakpoints)
-
-    # ------------------------------------------------------------------ stepping API
-    def step(self) -> Step:
-        """Run the next op, evaluate it, and return its :class:`Step`."""
-        if self.done:
-            raise TraceError("the trace is done (every op ran); use back() or a new trace")
-        i = self.position
-        self._exec(i)
-        self._flush(wait=True)
-        name = self._ops[i].name
-        if not self._stats_on and name not in self._keep:
-            mx.eval(self._env[name])
-        return self._step_at(i)
-
-    def run(self, until: str | None = None, *, wait: bool = True, block: bool = True) -> Step | None:
-        """Run to the end, or through the op named ``until``, stopping early at a breakpoint.
-
-        Returns the :class:`Step` it stopped at (the last one run), or None if nothing ran.
-        ``wait=False``: the values are evaluated, but the last batch's statistics may still be
-        computing in the background (the steps get them when next read through the trace).
-        ``block=False`` (with ``wait=False``): the last evaluation is only queued
-        (``mx.async_eval``), so the call returns once the graph is submitted, and reading a
-        value or a statistic waits for it (a decoding loop builds the next forward meanwhile).
-        Statistics reduced on the host (the CPU) start at :meth:`start_stats` or when read.
-        """
-        if wait and not block:
-            raise TraceError("run(block=False) needs wait=False (waiting for the statistics blocks)")
-        self._bar = start_progress(len(self._ends), "segments", self.progress) if self.progress is not False \
-            else None
-        try:
-            # a forward makes graph nodes per op: the cyclic collector's passes over them cost
-            # more than the op's own Python (benchmarks/README.md, the cyclic collector);
-            # nothing here makes cycles, so it waits until the run is done
-            with no_gc():
-                return self._run(until, wait, block)
-        finally:
-            if self._bar is not None:
-                self._bar.close()
-                self._bar = None
-
-    def _run(self, until, wait, block=True):
-        n = len(self._ops)
-        end = n
-        if until is not None:
-            idx = self.program.index(until)
-            if idx < self.position:
-                raise TraceError(f"op {until!r} already ran (it is op {idx}; the trace is at {self.position}); "
-                                 "use back() or a new trace")
-            end = idx + 1
-        spec = self._needs_stats_for_breaks()
-        if spec and not self._stats_on:
-            self._stats_on = True  # predicates and NONFINITE need statistics
-        name_bps = [b for b in self.breakpoints if isinstance(b, str) and b != NONFINITE]
-        # without statistics on a GPU the graph is queued at layer ends, every QUEUE_BYTES of
-        # outputs (mx.async_eval): the device computes while Python builds the next layers;
-        # with statistics, their batches go by size (flush_bytes), queued on a GPU as well
-        layer_ends = self._program_layer_ends if self._queue_layers() else frozenset()
-        self._queued = 0  # output bytes since the graph was last queued
-        stop_at = frozenset(map(self.program.index, self.program.match(name_bps))) if name_bps else frozenset()
-        ran = False
-        evaluated = False
-        ops = self._ops
-        while self.position < end:
-            start = self.position
-            snap = (dict(self._env), snapshot(getattr(self.ctx, "cache", None))) if spec else None
-            i, why = self._exec_span(start, end, stop_at=stop_at, queue_at=layer_ends)
-            ran = True
-            name_stop = i - 1 if why == "stop" else None
-            at_layer_end = why == "queue"
-            # the logits are evaluated with the last batch's statistics (one mx.eval)
-            also = [self._env[self._last_name]] if self.done else []
-            queue = at_layer_end and self.position < end and not spec and name_stop is None
-            if queue and not self._stats_on:
-                also = [self._env[ops[self.position - 1].name]]
-            queue = queue or (not block and self.position >= end and not spec and name_stop is None)
-            self._flush(wait=spec, also=also, block=not queue)
-            evaluated = bool(also) and self.done
-            if spec:
-                for j in range(start, self.position):
-                    s = self._step_at(j)
-                    if self._hit(s):
-                        if j < self.position - 1:
-                            self._rewind(snap, start, j)
-                        return s
-            if name_stop is not None:
-                self._sync()
-                return self._step_at(name_stop)
-        if self.done and not evaluated:
-            self._flush(also=[self._env[self._last_name]])
-        self._flush(wait=wait)
-        return self._last_step() if ran else None
-
-    def _rewind(self, snap, start: int, hit: int) -> None:
-        """Back to just after op ``hit`` (ops start..hit re-executed lazily, stats kept)."""
-        for j in range(hit + 1, len(self._shapes)):
-            self._store.remove(self._prefix + self._ops[j].name)
-        self._truncate(hit + 1)
-        env, cache = snap
-        self._env = dict(env)
-        restore(cache)
-        for j in [k for k in self._undo if k >= start]:
-            del self._undo[j]
-        self._exec_span(start, hit + 1, record=False)
-
-    def back(self) -> Step | None:
-        """Undo the last step; returns the step now last run (None at the start)."""
-        if self.position == 0:
-            return None
-        self._flush(wait=True)
-        i = self.position - 1
-        op = self._ops[i]
-        has_cache = getattr(self.ctx, "cache", None) is not None
-        if i in self._undo and not has_cache:
-            self._env.pop(op.name, None)
-            self._env.update(self._undo.pop(i))
-            self.position = i
-        else:
-            self._replay_to(i)
-        last = len(self._shapes) - 1
-        self._store.remove(self._prefix + self._ops[last].name)
-        self._truncate(last)
-        return self._last_step()
-
-    def _replay_to(self, i: int) -> None:
-        """Rebuild the live values as they were before op ``i`` (lazily, from the feeds)."""
-        restore(self._cache0)
-        self._env = dict(self._feeds)
-        self._undo.clear()
-        self._exec_span(0, i, record=False)  # (leaves position at i)
-
-    def reset(self) -> None:
-        """Back to the start (captured values dropped)."""
-        for j in range(len(self._shapes)):
-            self._store.remove(self._prefix + self._ops[j].name)
-        restore(self._cache0)
-        self._reset_state()
-
-    # ------------------------------------------------------------------ values
-    def _check_name(self, name: str) -> int:
-        try:
-            return self.program.index(name)
-        except KeyError:
-            raise KeyError(f"no op named {name!r} in this program (see trace.ops)") from None
-
-    def value(self, name: str) -> mx.array:
-        """The output of op ``name`` (captured, or still live in the running program)."""
-        if name in self._feeds:
-            return self._feeds[name]
-        idx = self._check_name(name)
-        if idx >= self.position:
-            raise KeyError(f"op {name!r} has not run yet (it is op {idx}; the trace is at {self.position})")
-        self._flush()  # evaluated and stored; statistics still computing need no wait
-        key = self._prefix + name
-        if key in self._store:
-            return self._store.get(key)
-        v = self._env.get(name)
-        if v is not None:  # not captured, but still live (read by an op yet to run)
-            return v
-        raise KeyError(f"the value of {name!r} was not captured (capture={self.capture!r}); "
-                       f"trace with capture='full' or a pattern matching it")
-
-    def stats(self, name: str) -> dict:
-        """min, max, mean, std, absmax, nan, posinf, neginf, zero_frac, headroom of an op's output."""
-        idx = self._check_name(name)
-        if idx >= self.position:
-            raise KeyError(f"op {name!r} has not run yet (it is op {idx}; the trace is at {self.position})")
-        self._flush(wait=True)
-        st = self._step_at(idx)
-        if st.stats is None:
-            st.stats = _stats.evaluate([self.value(name)])[0]
-        return dict(st.stats)
-
-    def step_info(self, name: str) -> Step:
-        idx = self._check_name(name)
-        if idx >= self.position:
-            raise KeyError(f"op {name!r} has not run yet")
-        self._flush(wait=True)
-        return self._step_at(idx)
-
-    #: the positions the head computed (workbench.trace.logits.LogitRows; None: a program
-    #: run without a model entry, whose last op gives what it gives)
-    logit_rows = None
-
-    #: what ``prune=True`` left out (workbench.trace.logits.Pruned; None: nothing)
-    pruned = None
-
-    def positions(self, name: str) -> range | tuple:
-        """The token positions of this forward that op ``name``'s rows are (its token axis):
-        ``range(T)`` but for the head's ops (:attr:`logit_positions`) and, under
-        ``prune=True``, the ops from :attr:`pruned`'s on (its ``positions``)."""
-        idx = self._check_name(name)
-        rows, pruned = self.logit_rows, self.pruned
-        T = self.ids.shape[1] if self.ids is not None else (rows.T if rows is not None else None)
-        if rows is not None and "lm_head" in self.program and idx >= self.program.index("lm_head"):
-            return rows.positions
-        if pruned is not None and idx >= self.program.index(pruned.op):
-            return pruned.positions
-        if T is None:
-            raise ValueError(f"op {name!r}: this trace does not know its token count (a bare program)")
-        return range(T)
-
-    def pruned_at(self, name: str) -> bool:
-        """Whether op ``name``'s rows are fewer than every position because of ``prune=True``
-        (its :meth:`positions` are :attr:`pruned`'s, which start past 0)."""
-        p = self.pruned
-        return p is not None and p.start > 0 and self.positions(name) == p.positions
-
-    @property
-    def logit_positions(self) -> range | tuple | None:
-        """The token positions ``.logits`` has rows for (``trace(..., logits=)``): a ``range``
-        (``range(T)`` for all) or a tuple; None where the trace does not know (a bare program)."""
-        return None if self.logit_rows is None else self.logit_rows.positions
-
-    @property
-    def logits_note(self) -> str | None:
-        """One line when the default computed fewer than every position (why), else None."""
-        return None if self.logit_rows is None else self.logit_rows.note
-
-    @property
-    def logits(self) -> mx.array:
-        """Logits [B, P, vocab], as ``value()`` gives every op's output: the batch axis is kept
-        for one sequence too (B = 1: ``tr.logits[0, -1]`` is the next-token logits); P the
-        positions :attr:`logit_positions` names (every one of the T tokens unless ``logits=``
-        or the logits budget said otherwise)."""
-        if not self.done:
-            raise TraceError(f"the trace has not reached {self._last_name!r} yet (op {self.position} of "
-                             f"{len(self._ops)}); call run()")
-        return self.value(self._last_name)
-
-    def per_token(self, name: str, axis: int | None = None) -> dict:
-        """Per-position view of an op's output: ``{"absmax": [B, T], "nonfinite": [B, T]}``
-        (numpy; absmax over finite elements), to see which token goes out of range.
-
-        The token axis defaults to 2 for 4-D outputs under ``self_attn`` (heads-first
-        ``[B, H, T, ...]``: q/k/v heads, scores, softmax) and to 1 otherwise (``[B, T, ...]``,
-        MoE ``[B, T, k, D]``); pass ``axis`` to override.  Uses the captured value, else
-        recomputes the op."""
-        idx = self._check_name(name)
-        if idx >= self.position:
-            raise KeyError(f"op {name!r} has not run yet (it is op {idx}; the trace is at {self.position})")
-        try:
-            v = self.value(name)
-        except KeyError:
-            v = self.recompute(name, interventions=True)
-        if v.ndim < 2:
-            raise ValueError(f"op {name!r} has shape {tuple(v.shape)}: no token axis")
-        if axis is None:
-            axis = 2 if (v.ndim == 4 and ".self_attn." in name) else 1
-        x = mx.moveaxis(v.astype(mx.float32), axis, 1)
-        x = x.reshape(x.shape[0], x.shape[1], -1)
-        fin = mx.isfinite(x)
-        absmax = mx.where(fin, mx.abs(x), 0).max(axis=-1)
-        bad = mx.logical_not(fin).sum(axis=-1)
-        return {"absmax": np.array(absmax), "nonfinite": np.array(bad)}
-
-    def records(self) -> list[dict]:
-        """One JSON-able dict per executed step (for tables, plots and widgets)."""
-        self._flush(wait=True)
-        return [s.to_dict() for s in self._steps]
-
-    def headroom(self, top: int | None = None) -> list[tuple[str, float]]:
-        """(op, absmax / dtype max) of executed float ops, closest to overflow first."""
-        self._flush(wait=True)
-        return headroom_rows(self._steps, top)
-
-    # ------------------------------------------------------------------ NaN hunt
-    def first_nonfinite(self):
-        """The first op whose output holds a NaN or an infinity, with its cause
-        (a :class:`~workbench.trace.hunt.Finding`), or None when the forward is clean.
-
-        Looks at the ops run so far; if none is non-finite and the trace is not done, runs
-        on (statistics on) until the first non-finite op or the end.
-        """
-        from workbench.trace.hunt import diagnose
-
-        self._flush(wait=True)
-        for s in self._steps:
-            if s.stats is None:
-                s.stats = _stats.evaluate([self.value(s.name)])[0] if self._has_value(s.name) else None
-            if s.stats is None:
-                # ran without statistics and the value is gone: check again from the start
-                self.reset()
-                break
-            if s.nonfinite:
-                return diagnose(self, s)
-        if self.done:
-            return None
-        saved_bps, saved_stats = list(self.breakpoints), self._stats_on
-        self.breakpoints = [NONFINITE]
-        self._stats_on = True
-        try:
-            s = self.run()
-        finally:
-            self.breakpoints = saved_bps
-            self._stats_on = saved_stats
-        if s is not None and s.nonfinite:
-            return diagnose(self, s)
-        return None
-
-    def _has_value(self, name: str) -> bool:
-        try:
-            self.value(name)
-            return True
-        except KeyError:
-            return False
-
-    # ------------------------------------------------------------------ recomputation (hunt)
-    def _input_values(self, i: int) -> tuple[list[mx.array], Any]:
-        """Values of op ``i``'s inputs as the trace saw them, and a cache in its state just
-        before op ``i`` (a clone; None without a cache).  Uses live / captured values when
-        it can, else replays the program from the feeds in a scratch context."""
-        op = self._ops[i]
-        has_cache = getattr(self.ctx, "cache", None) is not None
-        vals = []
-        if not has_cache and i < self.position:
-            for s in op.inputs:
-                v = self._feeds.get(s)
-                if v is None:
-                    v = next((r[s] for r in self._undo.values() if s in r), None)
-                if v is None:
-                    try:
-                        v = self.value(s)
-                    except KeyError:
-                        vals = None
-                        break
-                vals.append(v)
-            if vals is not None:
-                return vals, None
-        return self._replay.inputs_before(i, self.dtype)
-
-    def inputs(self, name: str) -> list[tuple[str, mx.array]]:
-        """(label, value) of each input op ``name`` read, as the trace gave it: the label is
-        the program input or op that produced it."""
-        i = self._check_name(name)
-        vals, _ = self._input_values(i)
-        return list(zip(self._ops[i].inputs, vals))
-
-    def recompute(self, name: str, dtype=None, interventions: bool = False) -> mx.array:
-        """Run op ``name`` again on the inputs the trace gave it, optionally in another
-        dtype (floating inputs are cast to it) and without its interventions."""
-        i = self._check_name(name)
-        op = self._ops[i]
-        vals, cache = self._input_values(i)
-        if dtype is None:
-            dtype = self.dtype
-        if self._context is not None:
-            ctx = self._context(dtype, cache)
-        elif dtype == self.dtype:
-            ctx = self.ctx
-        else:
-            raise TraceError("cannot recompute in another dtype: the trace was made without a context factory")
-        return recompute_op(op, vals, ctx, dtype, self._iv_by_op.get(op.name, ()) if interventions else ())
-
-    def op_tensors(self, name: str) -> dict:
-        """Checkpoint tensors op ``name`` reads (empty when the trace has no tensors source)."""
-        if self._tensors is None:
-            return {}
-        return dict(self._tensors(name))
-

@@ -30,6 +30,7 @@ A log (an Output widget) records every action.  Ops are numbered from 0, as
 ``op #23`` for the 24th op.  Buttons work from any thread and show their errors in the
 widget (:mod:`workbench.widgets._actions`).
 
+The buttons' actions (the walk) are debugger_walk.py; this file builds the widgets and draws.
 The widget only calls the Trace's public API (``step``, ``run``, ``back``, ``reset``,
 ``value``, ``stats``, ``first_nonfinite``) and :mod:`workbench.trace.navigate`, and draws
 what comes back.  Values are shown when the
@@ -41,17 +42,16 @@ from __future__ import annotations
 import html
 import math
 import re
-import time
 
 import ipywidgets as W
 import numpy as np
 
 from workbench.widgets._actions import Actions
+from workbench.widgets.debugger_walk import CHUNK, DebuggerWalk  # noqa: F401  (CHUNK re-exported)
 from workbench.widgets.saved import text_form
 from workbench.widgets._render import (BF16_MAX, colour_table, FP16_MAX, abbr, as_2d, fmt, headroom_bar, heatmap, shape_str,
                                        table)
 from workbench.trace.heads import context_op, probabilities
-from workbench.trace.navigate import NoSuchOp, find_op, next_boundary
 from workbench.widgets.attention import (AttentionView, decoded_tokens, module_note, pattern_op, softmax_op,
                                          token_labels)
 
@@ -62,7 +62,6 @@ _ATTN = re.compile(r"^layers\.(\d+)\.(?:self_attn|attention|attn)(?:\.|$)")
 #: the numbering, said once in the header (the same as Step.index, the log and the NaN hunt)
 _NUMBERING = "<br><span style='color:#777;font-size:90%'>ops are numbered #0 to #{last}, as Step.index</span>"
 
-CHUNK = 48  # ops per evaluation while running (the progress bar moves between chunks)
 ATTENTION_MAX_BYTES = 64 * 2**20  # an attention pattern larger than this is not sent to the page
 
 
@@ -79,8 +78,10 @@ def _to_numpy(v) -> np.ndarray:
     return np.array(v)
 
 
-class StepDebugger(W.VBox):
-    """Step through a :class:`workbench.trace.Trace` with buttons; see each op's value."""
+class StepDebugger(DebuggerWalk, W.VBox):
+    """Step through a :class:`workbench.trace.Trace` with buttons; see each op's value (the
+    buttons' actions: :class:`~workbench.widgets.debugger_walk.DebuggerWalk`; here the
+    widgets and their drawing)."""
 
     def __init__(self, trace, tokens: list[str] | None = None, head: int = 0):
         self.trace = trace
@@ -164,9 +165,6 @@ class StepDebugger(W.VBox):
         steps = self.trace.steps
         return steps[-1] if steps else None
 
-    def _say(self, text: str) -> None:
-        self.output.append_stdout(text.rstrip("\n") + "\n")
-
     def _residual_norms(self) -> dict[int, float]:
         """Layer -> RMS over tokens of ‖layers.{i}‖, from the statistics of the steps run so far."""
         norms = {}
@@ -177,133 +175,6 @@ class StepDebugger(W.VBox):
                 ms = (st["std"] or 0.0) ** 2 + (st["mean"] or 0.0) ** 2
                 norms[int(m.group(1))] = math.sqrt(s.output_shape[-1] * ms) if math.isfinite(ms) else float("nan")
         return norms
-
-    def _busy(self, on: bool) -> None:
-        for btn in (self.start_button, self.back_button, self.step_button, self.layer_button,
-                    self.nonfinite_button, self.end_button, self.run_to_button):
-            btn.disabled = on
-        if not on:
-            tr = self.trace
-            self.step_button.disabled = self.layer_button.disabled = self.end_button.disabled = tr.done
-            self.nonfinite_button.disabled = self.run_to_button.disabled = tr.done
-            self.back_button.disabled = self.start_button.disabled = tr.position == 0
-
-    # ------------------------------------------------------------------ actions (also the Python API)
-    def step(self):
-        """Run the next op (the step button)."""
-        if self.trace.done:
-            self._say("the trace is done: every op ran (use back)")
-            return None
-        t0 = time.perf_counter()
-        s = self.trace.step()
-        self._say(f"step → op #{s.index} {s.name} {shape_str(s.output_shape)}"
-                  + (f" absmax {fmt(s.stats['absmax'], '.4g')}" if s.stats else ""))
-        self.refresh()
-        self.last_update_s = time.perf_counter() - t0
-        return s
-
-    def start(self):
-        """Back to the start: no op run, nothing captured (the start button)."""
-        if self.trace.position == 0:
-            self._say("already at the start")
-            return None
-        n = self.trace.position
-        self.trace.reset()
-        self._say(f"start: undid {n} ops: next op #0 {self.trace.ops[0]}")
-        self.refresh()
-        return None
-
-    def back(self):
-        """Undo the last op (the back button)."""
-        if self.trace.position == 0:
-            self._say("at the start: nothing to undo")
-            return None
-        i = self.trace.position - 1
-        name = self.trace.ops[i]
-        s = self.trace.back()
-        self._say(f"back ← undid op #{i} {name}")
-        self.refresh()
-        return s
-
-    def step_layer(self):
-        """Run to the next layer boundary (:func:`~workbench.trace.navigate.next_boundary`):
-        the end of the embedding ops, of the current layer (``layers.{i}``), or the last op."""
-        tr = self.trace
-        if tr.done:
-            self._say("the trace is done")
-            return None
-        end = next_boundary(tr.program, tr.position)
-        return self._run(end, stop_nonfinite=False, label=f"step over layer to {tr.ops[end]}")
-
-    def run_to(self, name: str | None):
-        """Run through the op named exactly ``name`` (None: to the end), a chunk at a time with
-        progress.  A name that is no op runs nothing: the closest names are suggested."""
-        tr = self.trace
-        self.target_hint.value = ""
-        if name is not None:
-            try:
-                end = find_op(tr.ops, name)
-            except NoSuchOp as e:
-                why = ("type an op name (or pick one from the list)" if not e.name.strip() else str(e))
-                self._say(f"run to: {why}; nothing ran")
-                self.target_hint.value = f"<span style='color:#a40'>run to: {html.escape(why)}</span>"
-                return None
-        if tr.done:
-            self._say("the trace is done")
-            return None
-        if name is not None:
-            if end < tr.position:
-                self._say(f"{tr.ops[end]} (op #{end}) already ran; the next op is #{tr.position}: use back")
-                return None
-        else:
-            end = len(tr.ops) - 1
-        return self._run(end, stop_nonfinite=False, label=f"run to {tr.ops[end]}")
-
-    def next_nonfinite(self):
-        """Run until an op's output holds a NaN or an infinity; explain the first such op."""
-        tr = self.trace
-        if tr.done:
-            self._say("the trace is done")
-            return None
-        s = self._run(len(tr.ops) - 1, stop_nonfinite=True, label="run to the next non-finite value")
-        if s is not None and s.nonfinite:
-            f = tr.first_nonfinite()
-            if f is not None:
-                self._say(f"first non-finite value of this forward pass: {f}")
-        elif tr.done:
-            self._say("no NaN or Inf anywhere: the forward pass is clean")
-        return s
-
-    def _run(self, end: int, stop_nonfinite: bool, label: str):
-        from workbench.trace import NONFINITE
-
-        tr = self.trace
-        self._busy(True)
-        t0 = time.perf_counter()
-        start = tr.position
-        saved = list(tr.breakpoints)
-        if stop_nonfinite:
-            tr.breakpoints[:] = [NONFINITE]
-        last = None
-        try:
-            while tr.position <= end:
-                stop = min(end, tr.position + CHUNK - 1)
-                s = tr.run(until=tr.ops[stop])
-                last = s or last
-                self.progress.value = tr.position
-                if s is not None and (s.index < stop or (stop_nonfinite and s.nonfinite)):
-                    break  # a breakpoint hit
-        finally:
-            tr.breakpoints[:] = saved
-            self._busy(False)
-        ran = tr.position - start
-        why = ""
-        if last is not None and last.index < end:
-            why = " (stopped: non-finite output)" if last.nonfinite else " (stopped at a breakpoint)"
-        self._say(f"{label}: {ran} ops in {time.perf_counter() - t0:.2f} s{why}"
-                  + (f" → op #{last.index} {last.name}" if last is not None else ""))
-        self.refresh()
-        return last
 
     # ------------------------------------------------------------------ drawing
     def refresh(self) -> None:

@@ -23,13 +23,14 @@ from typing import NamedTuple, Sequence
 import mlx.core as mx
 import numpy as np
 
-from workbench.dtypes import BF16_MAX, FP16_MAX
+from workbench.dtypes import FLOAT_MAX
 from workbench.stats_schema import TRACE_KEYS, row
 
 #: keys of every stats dict, in display order (the one schema: workbench/stats_schema.py)
 KEYS = TRACE_KEYS
 
-_FMAX = {mx.float16: FP16_MAX, mx.bfloat16: BF16_MAX, mx.float32: float(np.finfo(np.float32).max)}
+#: :data:`workbench.dtypes.FLOAT_MAX` keyed by the MLX dtype (read once per op)
+_FMAX = {getattr(mx, name): v for name, v in FLOAT_MAX.items()}
 
 
 def dtype_max(dtype) -> float | None:

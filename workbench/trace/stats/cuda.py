@@ -25,7 +25,6 @@ from typing import Sequence
 import mlx.core as mx
 import numpy as np
 
-from workbench.dtypes import FP16_MAX
 from workbench.trace.stats.common import Meta, Rows, as_meta, dmax_of, dtype_max, finish
 
 K = 32
@@ -38,9 +37,15 @@ SLOT = 12
 #: the template's FK: which lowest finite value is mask fill
 FILL_KIND = {mx.float32: 0, mx.float16: 1, mx.bfloat16: 2}
 #: below the fast path's threshold every value is finite, not fill, and safe to sum in float32
-#: over 8 elements: float16's largest finite value for float16 (its fill, the negation, takes
-#: the element path), 1e18 where the fill is float32's or bfloat16's lowest value, past it
-THRESHOLD = {mx.float32: 1e18, mx.float16: FP16_MAX, mx.bfloat16: 1e18}
+#: over 8 elements: this, or the dtype's largest finite value where that is lower (float16:
+#: its fill, the negation, takes the element path; float32's and bfloat16's fill lie past it)
+SUM_SAFE = 1e18
+
+
+def threshold(dtype) -> float:
+    """The fast path's threshold of a float dtype: :data:`SUM_SAFE`, or the dtype's largest
+    finite value where that is lower (float16's)."""
+    return min(SUM_SAFE, dtype_max(dtype))
 _DEFINE = {mx.float32: "F32", mx.float16: "F16", mx.bfloat16: "BF16"}
 _KERNELS: dict = {}
 
@@ -48,7 +53,7 @@ _KERNELS: dict = {}
 def kernel_constants() -> dict:
     """Per float dtype the kernel reads: (its mask fill, its fast path's threshold), the values
     written into the kernel's source (:func:`kernel_source`) from the host's dtype facts."""
-    return {dt: (-dtype_max(dt), THRESHOLD[dt]) for dt in FILL_KIND}
+    return {dt: (-dtype_max(dt), threshold(dt)) for dt in FILL_KIND}
 
 
 def _c_float(v: float) -> str:

@@ -1,5 +1,6 @@
 """Rotary position embedding: the arguments of ``mx.fast.rope`` for every rope type a
-config names (default, linear, llama3, yarn, proportional), with transformers' formulas."""
+config names (default, linear, llama3, yarn, proportional, dynamic), with transformers' formulas;
+the op programs' (workbench/models/) and the reference corrections' (YaRN) alike."""
 from __future__ import annotations
 
 import math
@@ -44,7 +45,10 @@ def _rope_params(head_dim, r):
         return dict(dims=head_dim, base=None, scale=1.0, freqs=freqs, type=rope_type, rotated_dims=2 * angles)
     if rope_type == "yarn":
         return _yarn(head_dim, base, r)
-    raise ValueError(f"unsupported rope type {rope_type!r} (supported: default, linear, llama3, yarn, proportional)")
+    if rope_type == "dynamic":  # (frequencies per forward: dynamic_freqs)
+        return dict(dims=head_dim, base=None, scale=1.0, freqs=None, type=rope_type, dynamic=(
+            base, r["factor"], r["max_position_embeddings"]))
+    raise ValueError(f"unsupported rope type {rope_type!r} (supported: default, linear, llama3, yarn, proportional, dynamic)")
 
 
 def _yarn(dims, base, r):
@@ -74,3 +78,16 @@ def _yarn(dims, base, r):
         m, mad = r["mscale"], r["mscale_all_dim"]
         ms = get_mscale(factor, m) / get_mscale(factor, mad) if (m and mad) else get_mscale(factor)
     return dict(dims=dims, base=None, scale=1.0, freqs=freqs, type="yarn", mscale=ms)
+
+
+def dynamic_freqs(dims: int, dynamic: tuple, seq_len: mx.array) -> mx.array:
+    """Dynamic NTK RoPE's wavelengths (``mx.fast.rope``'s ``freqs``) for a forward whose
+    positions end at ``seq_len`` (transformers' ``_compute_dynamic_ntk_parameters`` with
+    ``seq_len = max(position_ids) + 1``, as its ``dynamic_rope_update`` calls it): the base
+    grows once the sequence passes ``max_position_embeddings``.  (transformers also keeps the
+    grown frequencies for a later shorter call on the same model object, while that call is
+    longer than the original: a fresh model's numbers are computed here.)"""
+    base, factor, mpe = dynamic
+    n = mx.maximum(seq_len.astype(mx.float32), float(mpe))
+    grown = base * ((factor * n / mpe) - (factor - 1)) ** (dims / (dims - 2))
+    return grown ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims)
