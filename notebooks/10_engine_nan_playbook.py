@@ -333,6 +333,56 @@ print("first divergence:", fixed_report.first_divergence, "| hazards:", analyze(
 # occupies, unless the kernel is element-wise and declared in-place.)
 
 # %% [markdown]
+# ## 6 · Your own engine: tap it, diff it, read its hazards
+#
+# The emulator stood in for your engine. A real engine writes the same two files from its
+# host code with the **tap**, `tap/workbench_tap.h` in the repository: one C header (C++,
+# Objective-C and Swift use it too, through its module map) with which the engine adds each
+# tensor to a dump right after its dispatch (`wbt_dump_add`) and records each dispatch's
+# byte ranges as it encodes (`wbt_sched_dispatch`). `tests/engine_c/engine.c` is such an
+# engine: a few hundred lines of C that run this demo model in float32 on the CPU, name
+# their tensors their own way (`blk1.att_o_proj`, not `layers.1.self_attn.o_proj`) and carry
+# the seed reports' bugs behind flags. Build it with the system's C compiler and run it
+# with `--bug alias`: layer 1's output projection writes its result over its own input,
+# the attention output, in the buffer the engine calls `attnH`.
+
+# %%
+repo = pathlib.Path(DEMO).parents[1]        # the repository: the tap and the engine's source
+# !cc -std=c99 -O2 -I{repo}/tap -o {work}/engine {repo}/tests/engine_c/engine.c -lm; echo "built: $?"
+# !cd {work} && ./engine {DEMO} --ids {IDS} --bug alias --dump c.safetensors --schedule c.schedule.json; echo "exit status: $?"
+
+# %% [markdown]
+# Its names are its own, and nobody wrote a rule: with no `--map`, the diff sees that few of
+# the names are ours and matches them **by value** — each engine tensor against our ops of
+# a compatible shape (heads merged or split, a batch axis, transposed), in program order —
+# and learns a rule per name pattern (`^blk(\d+)\.att_o_proj$ -> layers.\1.self_attn.o_proj`),
+# so the layers behind the bug follow the rule the layers before it taught. The dump says
+# the engine computes in float32 (the tap writes `workbench.engine_dtype`) and carries the
+# token ids, so the reference runs in float32 too and needs no `--ids`:
+
+# %%
+# !cd {work} && workbench diff {DEMO} c.safetensors --dtype float32 > c_diff.txt; echo "exit status: $?"; head -n 1 c_diff.txt; grep -A1 "^first divergence" c_diff.txt
+# !cd {work} && workbench hazards c.schedule.json; echo "exit status: $?"
+
+# %% [markdown]
+# Both tools name the same place from two sides. The diff: the first op that is off is
+# `layers.1.self_attn.o_proj` — the engine's `blk1.att_o_proj` —, its input (the attention
+# context) is still right, and our op fed the engine's own input does not reproduce its
+# output: look at this op. The schedule: dispatch `blk1.att_o_proj` reads and writes the same
+# bytes of `attnH`, `alias-in-dispatch`, and the fix is the seed reports' own: a scratch
+# buffer of its own. Without the flag, both are clean:
+
+# %%
+# !cd {work} && ./engine {DEMO} --ids {IDS} --dump ok.safetensors --schedule ok.schedule.json
+# !cd {work} && workbench diff {DEMO} ok.safetensors --dtype float32 --write-map engine-map.json | grep "^no divergence"
+# !cd {work} && workbench hazards ok.schedule.json; echo "exit status: $?"
+
+# %% [markdown]
+# `--write-map` kept the proposal as a rules file (`engine-map.json`, yours to read and
+# edit): pass it with `--map` from now on, also on runs where the engine is wrong from its
+# very first op — there nothing matches by value, and the diff says so rather than guess.
+
+# %% [markdown]
 # ## Exercises: predict, then check
 #
 # Write your answer in `answer` (or the function's body) and run the cell. `check` says

@@ -639,7 +639,14 @@ def test_diff_map_rules_file_end_to_end(tmp_path, capsys):
     assert d["compared"] == 4 and d["first_divergence"]["op"] == "layers.1" and d["unmatched_engine"] == []
     assert d["renamed"] == {"tok_embd": "embed_tokens", "blk.0.out": "layers.0", "blk.1.out": "layers.1",
                             "out_norm": "norm"}
-    # without the rules nothing maps: one line, exit 2, naming the fix
-    rc = main(["diff", str(tmp_path / "ref.safetensors"), str(tmp_path / "eng.npz")])
+    # without the rules: the names matched by value (issue 42), the same finding, and said
+    rc = main(["diff", str(tmp_path / "ref.safetensors"), str(tmp_path / "eng.npz"), "--json"])
+    auto = json.loads(capsys.readouterr().out)
+    assert rc == 1 and auto["first_divergence"]["op"] == "layers.1" and auto["renamed"] == d["renamed"]
+    assert auto["automap"]["reason"].startswith("the engine's names matched 0 of its 4 tensors")
+    assert [r"^blk\.(\d+)\.out$", r"layers.\1"] in auto["automap"]["rules"]
+    # with the names as they are (an empty map) nothing maps: one line, exit 2, naming the fix
+    (tmp_path / "none.json").write_text("[]")
+    rc = main(["diff", str(tmp_path / "ref.safetensors"), str(tmp_path / "eng.npz"), "--map", str(tmp_path / "none.json")])
     err = capsys.readouterr().err
     assert rc == 2 and "--map" in err and len(err.strip().splitlines()) == 1

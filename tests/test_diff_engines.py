@@ -162,8 +162,14 @@ def test_unknown_engine_is_exit_2(ckpt, capsys):
 def test_raw_module_names_without_adapter_do_not_pass(ckpt):
     eng, _ = read_dump(DATA / "llama_clean.safetensors")  # a plain mapping carries no engine name
     ids = [3, 17, 42, 7, 99, 250, 1]
-    r = compare(ckpt["llama"], eng, ids=ids, local=False)
+    r = compare(ckpt["llama"], eng, ids=ids, local=False, rules=[])  # an empty map: the names as they are
     assert r.engine is None and not r.clean and r.low_coverage
+    r = compare(ckpt["llama"], eng, ids=ids, local=False)  # no map: matched by value, and said (issue 42)
+    assert r.engine is None and r.automap.reason.startswith("the engine's names matched 2 of its 47 tensors")
+    assert r.automap.mapping["model.layers.1.self_attn.o_proj"] == "layers.1.self_attn.o_proj"
+    assert not [m for m in r.automap.matches if m.how == "shape"]  # (the same values twice: listed, not placed)
+    assert {"engine": ["model.last_hidden_state", "model.norm"], "ops": ["norm"]}.items() <= \
+        next(a for a in r.automap.ambiguous if "model.norm" in a["engine"]).items()
     r = compare(ckpt["llama"], eng, ids=ids, engine_adapter="transformers", local=False)
     assert r.engine == "transformers" and r.clean and r.compared >= 38
 

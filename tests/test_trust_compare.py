@@ -262,10 +262,11 @@ DIFF_CKPT_EXPECT = {
     "dtype": 0,  # a float32 weight holding the bfloat16 values exactly: sound (inspect: OK), the same reference
 }
 # the engine side: an unreadable dump is unusable (2); NaN, Inf, integers, a wrong shape, another
-# op's values are divergences (1); a dump whose names no longer match loses its coverage (1)
+# op's values are divergences (1); a dump whose names no longer match is matched by value, and says so
+# (issue 42: the renamed dump holds the reference's own values, so it is clean: 0)
 DIFF_ENGINE_EXPECT = {
     "trunc-half": 2, "trunc-tenth": 2, "trunc-byte": 2, "trunc-header": 2, "bad-offsets": 2, "swapped-offsets": 1,
-    "nan": 1, "inf": 1, "missing": 1, "renamed": 1, "dtype": 1, "shape": 1,
+    "nan": 1, "inf": 1, "missing": 1, "renamed": 0, "dtype": 1, "shape": 1,
 }
 
 
@@ -321,13 +322,13 @@ def test_diff_damaged_engine_dump(tmp_path, capsys, ref, kind):
         assert d["coverage"]["compared"] == d["coverage"]["engine_tensors"] == 2 and d["coverage"]["ops"] == 143
         return
     assert rc == DIFF_ENGINE_EXPECT[kind], (rc, out, err)
+    if kind == "renamed":  # what the names were taken to mean comes first (issue 42), then the verdict
+        assert out.startswith("names matched by value (the engine's names matched 3 of its 143 tensors"), out
+        assert "no divergence: 143 ops compared" in out and "coverage: compared 143 of the engine's 143" in out
+        return
     assert "no divergence" not in out
     if rc == 2:
         check_unusable(rc, out, err, "engine.safetensors")
-    elif kind == "renamed":
-        first, second = out.splitlines()[:2]  # the names matching nothing come first, briefly (issue 29)
-        assert first.startswith("engine tensors matching no op (140): engine.embed_tokens (closest: embed_tokens)")
-        assert second.startswith("coverage too low for a verdict: compared 3 of the engine's 143 tensors"), out
     else:
         assert out.startswith("first divergence: ") and "coverage: compared" in out, out
 
@@ -343,11 +344,13 @@ def test_diff_damaged_engine_weights(tmp_path, capsys, weights_dump, kind):
         check_unusable(rc, out, err, "engine.safetensors")
         return
     d = json.loads(out)
+    if kind == "renamed":  # names of the engine's own (engine.X): mapped back by name (issue 42), then compared
+        assert rc == 0 and d["outcome"] == "no-divergence", (rc, out, err)
+        assert d["automap"]["rules"] == [["^engine\\.(.+)$", "\\1"]] and d["automap"]["ambiguous"] == []
+        assert d["coverage"]["weights_compared"] == d["coverage"]["engine_tensors"] > 2
+        return
     assert rc == 1 and d["outcome"] != "no-divergence", (rc, out, err)
-    if kind == "renamed":
-        assert d["outcome"] == "low-coverage" and d["coverage"]["weights_compared"] == 2
-    else:
-        assert d["first_weight_mismatch"] == w1 or d["first_weight_mismatch"] == min(w1, w2)
+    assert d["first_weight_mismatch"] == w1 or d["first_weight_mismatch"] == min(w1, w2)
     report = compare(DEMO, eng, ids=IDS, local=False)
     view = DiffView(report)
     assert "no divergence" not in view.summary.value
@@ -428,7 +431,15 @@ def test_repro_mostly_unmatched_engine_names(tmp_path, capsys, ref):
             y = x * 1.5 if op.endswith("q_rope") else x  # a RoPE bug, under names of the engine's own
             eng[f"model.{op}.output"] = y
     np.savez(tmp_path / "engine.npz", **eng)
+    # no map: the names are matched by value (issue 42), said first, and the bug is found where it is
     rc, out, _ = run(["diff", DEMO, tmp_path / "engine.npz", "--ids", ",".join(map(str, IDS))], capsys)
+    assert rc == 1 and "no divergence" not in out
+    assert out.startswith("names matched by value (the engine's names matched 2 of its 143 tensors")
+    assert "first divergence: layers.0.self_attn.q_rope" in out
+    # the names kept as they are (an empty map): too little compared for a verdict
+    none = tmp_path / "none.json"
+    none.write_text("[]")
+    rc, out, _ = run(["diff", DEMO, tmp_path / "engine.npz", "--ids", ",".join(map(str, IDS)), "--map", none], capsys)
     assert rc == 1 and "no divergence" not in out
     first, second = out.splitlines()[:2]  # the names matching nothing first, briefly, with the closest op (issue 29)
     assert first.startswith("engine tensors matching no op (141): model.embed_tokens.output (closest: embed_tokens)")
@@ -436,14 +447,15 @@ def test_repro_mostly_unmatched_engine_names(tmp_path, capsys, ref):
     assert second.startswith(
         "coverage too low for a verdict: compared 2 of the engine's 143 tensors (1%; a verdict needs 50%), "
         "2 of our 143 ops: map the engine's names")
-    rc, js, _ = run(["diff", DEMO, tmp_path / "engine.npz", "--ids", ",".join(map(str, IDS)), "--json"], capsys)
+    rc, js, _ = run(["diff", DEMO, tmp_path / "engine.npz", "--ids", ",".join(map(str, IDS)), "--map", none, "--json"],
+                    capsys)
     d = json.loads(js)
     assert rc == 1 and d["outcome"] == "low-coverage" and d["first_divergence"] is None
     assert d["coverage"] == {"compared": 2, "engine_tensors": 143, "dropped": 0, "ops_compared": 2,
                              "weights_compared": 0, "ops": 143, "fraction": 2 / 143, "min_fraction": 0.5,
                              "enough": False}
     assert d["verdict"].startswith("coverage too low")
-    report = compare(DEMO, tmp_path / "engine.npz", ids=IDS)
+    report = compare(DEMO, tmp_path / "engine.npz", ids=IDS, rules=[])
     view = DiffView(report)
     assert "no divergence" not in view.summary.value and "coverage too low" in view.summary.value
     from workbench.plots import error_curve
@@ -465,8 +477,10 @@ def test_dropped_names_leave_the_coverage_count(tmp_path, capsys, ref):
     np.savez(tmp_path / "engine.npz", **eng)
     args = ["diff", DEMO, tmp_path / "engine.npz", "--ids", ",".join(map(str, IDS)), "--no-local"]
     rc, out, _ = run(args, capsys)
-    assert rc == 1 and out.splitlines()[1].startswith("coverage too low") and "no divergence" not in out
-    assert out.startswith("engine tensors matching no op (99): scratch.0, ")  # (issue 29: unmatched first)
+    lines = out.splitlines()  # (few names ours: matched by value first, issue 42; nothing more found)
+    assert rc == 1 and lines[2].startswith("coverage too low") and "no divergence" not in out
+    assert lines[0].startswith("names matched by value (the engine's names matched 33 of its 132 tensors")
+    assert lines[1].startswith("engine tensors matching no op (99): scratch.0, ")  # (issue 29: unmatched first)
     rules = tmp_path / "rules.json"
     rules.write_text(json.dumps([[r"^scratch\..*$", ""]]))
     rc, out, _ = run(args + ["--map", rules, "--json"], capsys)

@@ -309,6 +309,33 @@ def _rules(rules: Any) -> Rules:
     return as_rules(rules)  # pairs of strings, compiled rules, re.Pattern pairs
 
 
+def _automap(auto: bool, explicit: bool, adapter, known, eng: Mapping, order: Sequence[str], reference, T: int,
+             emeta: Mapping, tolerance, is_weight=None):
+    """The engine's names matched by value (workbench/diff/automap.py) where asked (``rules="auto"``)
+    or where neither rules nor an adapter were given and few of its names are ours; else None.
+    ``reference()``: our (values, dtypes) by op."""
+    from workbench.diff import automap
+
+    if adapter is not None or known is not None:
+        if auto:
+            raise DiffError("--map auto matches the engine's names by value: not with an engine adapter (--engine, "
+                            "or one the dump's metadata names) nor a printed (partial) dump")
+        return None
+    few, hit, total = automap.names_match_few(eng, order, is_weight)
+    if not auto and (explicit or not few):
+        return None
+    reason = None if auto else (f"the engine's names matched {hit} of its {total} tensors, so they were matched "
+                                "by value as --map auto does; --map RULES.json gives them")
+    try:
+        engine_order = readers.dump_order(emeta)
+    except readers.DumpError:
+        engine_order = None
+    values, dtypes = reference()
+    skip = [n for n in eng if is_weight is not None and is_weight(n)]
+    return automap.propose(eng, values, order, tokens=T or None, dtypes=dtypes, engine_order=engine_order,
+                           tolerance=tolerance, skip=skip, reason=reason, is_weight=is_weight)
+
+
 def _dtype_name(d) -> str | None:
     if d is None:
         return None
@@ -365,7 +392,10 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
     ``model``: a checkpoint path, a loaded model, a :class:`Reference`, or the path of a
     reference dump written by :func:`dump` (then no prompt is needed).  ``engine``: a
     dump path (.safetensors, .npz, directory of .npy) or a mapping of arrays.  ``rules``:
-    a rules JSON path or a list of ``[regex, replacement]`` pairs.  Only the ops the
+    a rules JSON path, a list of ``[regex, replacement]`` pairs, or ``"auto"``: the engine's names
+    matched by value (workbench/diff/automap.py; the report's ``automap`` holds the proposal and its
+    rules).  With no rules and no adapter, names of which fewer than half are ours are matched by
+    value too, and the report says so.  Only the ops the
     engine has a tensor for are captured.  ``noise_floor``: the engine's compute dtype
     ("bfloat16", "float16"): our reference is also run in it and every op is held to a
     multiple of that run's error instead of fixed limits (the reference itself then runs
@@ -396,7 +426,10 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
     except ValueError as e:
         raise DiffError(str(e)) from None
 
-    rules = _rules(rules)
+    from workbench.diff import automap
+
+    auto, explicit = automap.is_auto(rules), rules is not None
+    rules = [] if auto else _rules(rules)
     noise_floor = _dtype_name(noise_floor)
     if noise_floor is not None and dtype is None:
         dtype = "float32"
@@ -440,6 +473,9 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
                             "place positions in")
         ref_values, ref_pos = _restrict(model, logits, T) if T else (model.values, None)
         eng, known, ainfo = glue.adapt(adapter, eng, model.order, model.model, known)
+        proposal = _automap(auto, explicit, adapter, known, eng, model.order, lambda: (model.values, model.dtypes),
+                            T, emeta, tolerance)
+        rules = rules if proposal is None else proposal.compiled()
         printed: dict = {}
         if decode is None:
             decode, decode_note = glue.infer_decode(ref_values, eng, rules, T, where)
@@ -487,6 +523,7 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
             growth_verdicts(report, loaded.program, report.engine_precision)
         _precision_warning(report, model.matmul_precision, emeta)
         report.pattern = glue.pattern(report, ref_values, {**aligned, **printed}, loaded, decode)
+        report.automap = proposal
         return report
     m = _load_model(model, dtype)
     if prompt is None and ids is None and readers.META_IDS in emeta:
@@ -494,6 +531,14 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
     token_ids = _ids_for(m, prompt, ids)
     program = _program_of(m, token_ids, dtype)
     eng, known, ainfo = glue.adapt(adapter, eng, program.names, m, known)
+
+    def everything():
+        full = run_reference(m, ids=token_ids, dtype=dtype, logits=logits)
+        return full.values, full.dtypes
+
+    proposal = _automap(auto, explicit, adapter, known, eng, program.names, everything, len(token_ids), emeta,
+                        tolerance, lambda n: is_checkpoint_tensor(m, n))
+    rules = rules if proposal is None else proposal.compiled()
     printed: dict = {}
     weights = _split_weights(m, eng, rules, program.names)
     matched, _, _ = match_names(eng.keys(), program.names, rules)
@@ -548,4 +593,5 @@ def compare(model: Any, engine: Any, prompt: str | None = None, ids: Sequence[in
             growth_verdicts(report, m.program, report.engine_precision)
     _precision_warning(report, precision, emeta)
     report.pattern = glue.pattern(report, values, {**aligned, **printed}, m, decode)
+    report.automap = proposal
     return report

@@ -2,8 +2,10 @@
 
 ENGINE_DUMP is a .safetensors or .npz file or a directory of .npy files.  --map RULES.json
 renames the engine's tensors onto our op names (a JSON list of [regex, replacement] pairs,
-applied in order).  Exit 0: no divergence; 1: a divergence (or an op that, fed the
-engine's own inputs, does not reproduce its output); 2: unusable input.
+applied in order); --map auto (or no --map, where few of the engine's names are ours) matches
+them by value, and --write-map FILE keeps the proposed rules.  Exit 0: no divergence; 1: a
+divergence (or an op that, fed the engine's own inputs, does not reproduce its output); 2:
+unusable input.
 """
 from __future__ import annotations
 
@@ -19,7 +21,12 @@ def add_arguments(p) -> None:
     p.add_argument("path", help="checkpoint directory (or a reference dump written by `workbench dump`)")
     p.add_argument("engine_dump", metavar="ENGINE_DUMP", help=".safetensors, .npz, or a directory of .npy files")
     common.add_input_arguments(p)
-    p.add_argument("--map", metavar="RULES.json", help="JSON list of [regex, replacement] pairs for engine names")
+    p.add_argument("--map", metavar="RULES.json", help="JSON list of [regex, replacement] pairs for engine names; "
+                   "'auto': match them by value (taken anyway, and said, when few of them are ours and no --map "
+                   "or --engine is given)")
+    p.add_argument("--write-map", metavar="FILE", default=None,
+                   help="write the rules --map auto proposes to FILE (a new file), to keep, edit and pass back with "
+                        "--map FILE (implies --map auto)")
     p.add_argument("--engine", metavar="NAME", default=None,
                    help="the engine's naming and layouts, built in: transformers (module paths, as "
                         "workbench.diff.torch_hooks records them) or llama.cpp (GGML names; ENGINE_DUMP may be "
@@ -94,11 +101,17 @@ def run(args) -> int:
 
     if args.plot and args.plot_positions and _same_file(args.plot, args.plot_positions):
         raise common.UsageError(f"--plot and --plot-positions name the same file ({args.plot}): give each its own")
-    for dest in (args.plot, args.plot_positions):  # before the work, not after it; an existing file never
+    if args.write_map and args.map not in (None, "auto"):
+        raise common.UsageError(f"--write-map writes the map proposed by value: give --map auto (or no --map), "
+                                f"not --map {args.map}")
+    if args.write_map and args.engine:
+        raise common.UsageError("--write-map writes the map proposed by value: not with --engine (its names are known)")
+    for dest in (args.plot, args.plot_positions, args.write_map):  # before the work, not after; an existing file never
         if dest:
             fsio.check_destination(dest)
     with common.usage_errors():
-        report = compare(args.path, args.engine_dump, prompt=prompt, ids=ids, rules=args.map,
+        report = compare(args.path, args.engine_dump, prompt=prompt, ids=ids,
+                         rules="auto" if args.write_map else args.map,
                          tolerance=tol, dtype=args.dtype, noise_floor=args.noise_floor, local=args.local,
                          logits=logits, engine_adapter=args.engine, decode=args.decode,
                          engine_dtype=args.engine_dtype)
@@ -107,6 +120,8 @@ def run(args) -> int:
                          for n in report.unmatched_engine[:5])
         raise common.UsageError(f"{args.engine_dump}: none of its {len(report.unmatched_engine)} tensors maps to an op "
                                 f"(e.g. {hint}); write a --map rules file")
+    if args.write_map:
+        report.automap.write(args.write_map)
     if args.plot or args.plot_positions:
         from workbench.plots import error_curve, position_error_map, save
 

@@ -180,6 +180,9 @@ class DiffReport:
     #: the engine's precision and how it was known (workbench.diff.budget.EnginePrecision), None
     #: where the local errors are held to the fixed limits
     engine_precision: Any = None
+    #: the engine's names matched by value (workbench.diff.automap.Proposal): ``--map auto``, or
+    #: taken because few of its names were ours; None where the names were given or matched
+    automap: Any = None
 
     @property
     def logits_partial(self) -> str | None:
@@ -377,11 +380,14 @@ class DiffReport:
             "pattern": self.pattern,
             "dropped_why": dict(self.dropped_why),
             "engine_precision": None if self.engine_precision is None else self.engine_precision.to_dict(),
+            "automap": None if self.automap is None else self.automap.to_dict(),
         }
 
     def summary(self, max_ops: int = 40) -> str:
         """Text report: the finding, a table of ops (around the first divergence when long), unmatched names."""
         lines = [f"warning: {self.precision_warning}"] if self.precision_warning else []
+        if self.automap is not None:  # first: what the names were taken to mean
+            lines += self.automap.text()
         if self.unmatched_engine:  # first: names that matched nothing are the first thing to fix
             shown = self.unmatched_engine[:6]
             lines.append(f"engine tensors matching no op ({len(self.unmatched_engine)}): "
