@@ -25,6 +25,7 @@ its spinning is counted as CPU time (it made every variant 3-10x slower and nois
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -53,7 +54,8 @@ def build(kind: str, dest: Path, smoke: bool = False) -> Path:
     return zr.write(dest, PHI3_SMOKE if smoke else PHI3)
 
 
-def bench(path: Path, kind: str, tokens: int, prompt_len: int, reps: int, clock, sampling: dict):
+def bench(path: Path, kind: str, tokens: int, prompt_len: int, reps: int, clock, sampling: dict,
+          split: bool = False):
     from mlx.utils import tree_flatten
     from mlx_lm.generate import generate_step
     from mlx_lm.sample_utils import make_sampler
@@ -73,14 +75,23 @@ def bench(path: Path, kind: str, tokens: int, prompt_len: int, reps: int, clock,
         toks = [t for t, _ in generate_step(mx.array(prompt), ref, max_tokens=tokens, sampler=sampler)]
         out["mlx-lm"] = toks
 
-    def ours(capture):
+    def ours(capture, key=None, env=None):
         def f():
-            g = workbench.generate(model, prompt, max_tokens=tokens, capture=capture, seed=seed, past_eos=True,
-                                   **sampling)  # as generate_step: every token, <eos> or not
-            out[f"capture={capture}"] = g.tokens
+            saved = {k: os.environ.get(k) for k in env or {}}
+            os.environ.update(env or {})
+            try:
+                g = workbench.generate(model, prompt, max_tokens=tokens, capture=capture, seed=seed, past_eos=True,
+                                       **sampling)  # as generate_step: every token, <eos> or not
+            finally:
+                for k, v in saved.items():
+                    os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+            out[key or f"capture={capture}"] = g.tokens
         return f
 
     variants = {"mlx-lm": theirs, "capture=stats": ours("stats"), "capture=None": ours(None)}
+    if split:  # where the statistics' cost goes: every output kept with no statistics; lazy MLX reductions
+        variants["capture=full"] = ours("full")
+        variants["stats, lazy"] = ours("stats", "stats, lazy", {"WORKBENCH_STATS_CUDA": "0"})
     med = interleaved(variants, reps, clock, warmup=1)
     same = {k: v == out["mlx-lm"] for k, v in out.items()}
     return nparams, med, same
@@ -100,6 +111,9 @@ def main(argv=None) -> int:
     p.add_argument("--path", type=Path, default=None,
                    help="generate from this checkpoint instead (an op-program family, e.g. bench_real.py's "
                         "real-shaped --path): --which must be op")
+    p.add_argument("--split", action="store_true",
+                   help="also capture=full (every output kept, no statistics) and statistics through lazy MLX "
+                        "reductions (WORKBENCH_STATS_CUDA=0): where the statistics' cost goes")
     p.add_argument("--smoke", action="store_true",
                    help="CI: tiny models (bench_forward.py's SMOKE_SHAPE, PHI3_SMOKE), 4-token prompt + 4 generated, "
                         "one round: that it runs, not how fast")
@@ -116,7 +130,7 @@ def main(argv=None) -> int:
             path = a.path or build(kind, Path(d) / kind, a.smoke)
             if a.path:
                 name = f"{path.name} (op program)"
-            n, med, same = bench(path, kind, a.tokens, a.prompt, a.reps, clock, sampling)
+            n, med, same = bench(path, kind, a.tokens, a.prompt, a.reps, clock, sampling, a.split)
         print(f"{name}: {n / 1e6:.1f}M params, {a.prompt}-token prompt + {a.tokens} generated, {sampling}, "
               f"device {mx.default_device()}, median of {a.reps}, {a.clock} clock")
         ref, ref_min = med["mlx-lm"]
