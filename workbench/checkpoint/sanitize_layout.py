@@ -1,4 +1,5 @@
 """A checkpoint's tensors as the reference's own ``sanitize`` converts them, on placeholders.
+(~500 lines, kept whole: one path, placeholders -> sanitize -> provenance -> repairs -> check.)
 
 mlx-lm and mlx-vlm convert, while loading, the layouts they were written for: DeepSeek's
 ``kv_b_proj`` split into ``embed_q`` / ``unembed_out``, per-expert weights stacked, fused

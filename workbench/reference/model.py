@@ -1,5 +1,5 @@
 """A reference model (mlx-lm or mlx-vlm), opened from a local checkpoint and traced at
-module granularity.
+module granularity.  (~500 lines, kept whole: the model and the Session recording its forward.)
 
     model = workbench.load("path/to/any-mlx-lm-checkpoint")          # no op program: module level
     model = workbench.load("path/to/llama", granularity="module")   # or asked for
