@@ -45,7 +45,7 @@ from workbench.diff.automap_names import Name, parse, replacement, weight_rules
 from workbench.diff.automap_values import SAMPLE, Scorer, same_values, targets as our_targets
 from workbench.diff.budget import BITS, FACTOR, value_precision
 from workbench.diff.metrics import Tolerance
-from workbench.diff.report import MIN_COVERAGE
+from workbench.diff.report_data import MIN_COVERAGE
 
 AUTO = "auto"
 
@@ -57,7 +57,7 @@ def is_auto(rules: Any) -> bool:
 def names_match_few(engine_names: Iterable[str], ours: Sequence[str], also: Callable[[str], bool] | None = None,
                     share: float = MIN_COVERAGE) -> tuple[bool, int, int]:
     """(fewer than ``share`` of the engine's names are op names of ours (or ``also``: its weights), the
-    number that are, the number of names); by default the share a verdict needs (report.MIN_COVERAGE)."""
+    number that are, the number of names); by default the share a verdict needs (report_data.MIN_COVERAGE)."""
     names = list(engine_names)
     known = set(ours)
     hit = sum(1 for n in names if n in known or (also is not None and also(n)))
