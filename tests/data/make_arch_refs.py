@@ -255,9 +255,43 @@ def make_config(model_type: str, fields: dict):
     return cls(**kw)
 
 
+def tensor_spec(path: Path) -> dict:
+    """name -> [shape, dtype, base] of the safetensors file transformers saved: what
+    :func:`write_checkpoint` rebuilds the values from (``base``: a vector's rounded mean, so
+    norms keep their scale)."""
+    from safetensors import safe_open
+
+    spec = {}
+    with safe_open(str(path), "numpy") as f:
+        for name in f.keys():
+            t = f.get_tensor(name)
+            base = float(np.round(t.astype(np.float64).mean(), 3)) if t.ndim < 2 else 0.0
+            spec[name] = [list(t.shape), str(t.dtype), base]
+    return spec
+
+
+def torch_logits(case: str, ckpt: Path) -> np.ndarray:
+    """torch's float32 logits on :data:`IDS` of the checkpoint folder ``ckpt``, loaded by
+    transformers' own class (eager attention); a missing, unexpected or mismatched tensor, or
+    a non-finite logit, stops the script."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model, info = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32, attn_implementation="eager",
+                                                       output_loading_info=True)
+    bad = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    if bad:
+        raise RuntimeError(f"{case}: {bad}")
+    model.eval()
+    with torch.no_grad():
+        logits = model(torch.tensor(IDS)).logits.float().numpy()
+    if not np.isfinite(logits).all():
+        raise RuntimeError(f"{case}: non-finite logits")
+    return logits
+
+
 def build(case: str) -> None:
     import torch
-    from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
     model_type, fields = CASES[case]
@@ -268,26 +302,12 @@ def build(case: str) -> None:
         tmp = Path(tmp)
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
         model.save_pretrained(tmp / "init")
-        spec = {}
-        with safe_open(str(tmp / "init" / "model.safetensors"), "numpy") as f:
-            for name in f.keys():
-                t = f.get_tensor(name)
-                base = float(np.round(t.astype(np.float64).mean(), 3)) if t.ndim < 2 else 0.0
-                spec[name] = [list(t.shape), str(t.dtype), base]
+        spec = tensor_spec(tmp / "init" / "model.safetensors")
         d.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(tmp / "init" / "config.json", d / "config.json")
         (d / "tensors.json").write_text(json.dumps(spec, indent=0))
         write_checkpoint(tmp / "ckpt", d)
-        model, info = AutoModelForCausalLM.from_pretrained(tmp / "ckpt", dtype=torch.float32,
-                                                           attn_implementation="eager", output_loading_info=True)
-        bad = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
-        if bad:
-            raise RuntimeError(f"{case}: {bad}")
-        model.eval()
-        with torch.no_grad():
-            logits = model(torch.tensor(IDS)).logits.float().numpy()
-    if not np.isfinite(logits).all():
-        raise RuntimeError(f"{case}: non-finite logits")
+        logits = torch_logits(case, tmp / "ckpt")
     np.save(d / "logits.npy", logits.astype(np.float32))
     print(f"{case}: {len(spec)} tensors, max |logit| {np.abs(logits).max():.3g}", flush=True)
 

@@ -172,7 +172,6 @@ def _torch_config(config: dict) -> dict:
 
 def build(case: str) -> None:
     import torch
-    from safetensors import safe_open
     from safetensors.numpy import save_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -187,12 +186,7 @@ def build(case: str) -> None:
         cfg = AutoConfig.from_pretrained(tmp / "cfg")
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
         model.save_pretrained(tmp / "init")
-        spec = {}
-        with safe_open(str(tmp / "init" / "model.safetensors"), "numpy") as f:
-            for name in f.keys():
-                t = f.get_tensor(name)
-                base = float(np.round(t.astype(np.float64).mean(), 3)) if t.ndim < 2 else 0.0
-                spec[name] = [list(t.shape), str(t.dtype), base]
+        spec = arch_refs.tensor_spec(tmp / "init" / "model.safetensors")
         (d / "tensors.json").write_text(json.dumps(spec, indent=0))
         ck = tmp / "ckpt"
         if quantization(config) is None:
@@ -201,16 +195,7 @@ def build(case: str) -> None:
             ck.mkdir()
             save_file(quantized_tensors(d, dequantize=True), str(ck / "model.safetensors"), metadata={"format": "pt"})
             (ck / "config.json").write_text(json.dumps(_torch_config(config)))
-        model, info = AutoModelForCausalLM.from_pretrained(ck, dtype=torch.float32, attn_implementation="eager",
-                                                           output_loading_info=True)
-        bad = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
-        if bad:
-            raise RuntimeError(f"{case}: {bad}")
-        model.eval()
-        with torch.no_grad():
-            logits = model(torch.tensor(IDS)).logits.float().numpy()
-    if not np.isfinite(logits).all():
-        raise RuntimeError(f"{case}: non-finite logits")
+        logits = arch_refs.torch_logits(case, ck)
     np.save(d / "logits.npy", logits.astype(np.float32))
     print(f"{case}: {config['model_type']}, {len(spec)} tensors, max |logit| {np.abs(logits).max():.3g}", flush=True)
 
