@@ -7,7 +7,7 @@ import mlx.nn as nn
 
 from workbench.checkpoint import reference_config
 from workbench.errors import ConfigError
-from workbench.checkpoint.corrections.common import subclass
+from workbench.checkpoint.corrections.common import subclass, subclass_all
 
 #: config activation name -> MLX function (the tanh forms are one formula)
 ACTIVATIONS = {"gelu": nn.gelu, "gelu_pytorch_tanh": nn.gelu_approx, "gelu_new": nn.gelu_approx,
@@ -51,10 +51,7 @@ def apply(model: nn.Module, family: str, config: Mapping) -> str | None:
     if ACTIVATIONS[name] is ACTIVATIONS[builtin]:
         return None
     act = ACTIVATIONS[name]
-    fixed: dict = {}
-    for _, m in model.named_modules():
-        if type(m).__name__ == cls_name:
-            subclass(m, fixed, lambda base: {"__call__": lambda self, x: call(self, x, act)})
+    subclass_all(model, cls_name, lambda base: {"__call__": lambda self, x: call(self, x, act)})
     return name
 
 

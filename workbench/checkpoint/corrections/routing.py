@@ -6,7 +6,15 @@ from typing import Mapping
 import mlx.core as mx
 import mlx.nn as nn
 
-from workbench.checkpoint.corrections.common import subclass
+from workbench.checkpoint.corrections.common import subclass, subclass_all
+
+
+def top_k(scores: mx.array, k: int, pick: mx.array | None = None) -> tuple[mx.array, mx.array]:
+    """(indices, their scores) of the ``k`` experts with the largest ``pick`` (``scores`` where
+    not given: a router whose choice adds a bias the weights do not carry), as the routers
+    below all choose."""
+    inds = mx.stop_gradient(mx.argpartition(-(scores if pick is None else pick), kth=k - 1, axis=-1)[..., :k])
+    return inds, mx.take_along_axis(scores, inds, axis=-1)
 
 
 def jamba(model: nn.Module) -> None:
@@ -16,17 +24,13 @@ def jamba(model: nn.Module) -> None:
         def call(self, x):
             gates = self.router(x)
             k = self.num_experts_per_tok
-            probs = mx.softmax(gates.astype(mx.float32), axis=-1)
-            inds = mx.stop_gradient(mx.argpartition(-probs, kth=k - 1, axis=-1)[..., :k])
-            scores = mx.take_along_axis(probs, inds, axis=-1).astype(x.dtype)
+            inds, scores = top_k(mx.softmax(gates.astype(mx.float32), axis=-1), k)
+            scores = scores.astype(x.dtype)
             y = self.switch_mlp(x, inds)
             return (y * scores[..., None]).sum(axis=-2)
         return {"__call__": call}
 
-    fixed: dict = {}
-    for _, m in model.named_modules():
-        if type(m).__name__ == "JambaSparseMoeBlock":
-            subclass(m, fixed, attrs)
+    subclass_all(model, "JambaSparseMoeBlock", attrs)
 
 
 def qwen2_moe(model: nn.Module, config: Mapping) -> None:
@@ -37,19 +41,13 @@ def qwen2_moe(model: nn.Module, config: Mapping) -> None:
 
     def attrs(base):
         def call(self, x):
-            gates = mx.softmax(self.gate(x), axis=-1, precise=True)
-            k = self.top_k
-            inds = mx.stop_gradient(mx.argpartition(-gates, kth=k - 1, axis=-1)[..., :k])
-            scores = mx.take_along_axis(gates, inds, axis=-1)
+            inds, scores = top_k(mx.softmax(self.gate(x), axis=-1, precise=True), self.top_k)
             scores = scores / scores.sum(axis=-1, keepdims=True)
             y = (self.switch_mlp(x, inds) * scores[..., None]).sum(axis=-2)
             return y + mx.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return {"__call__": call}
 
-    fixed: dict = {}
-    for _, m in model.named_modules():
-        if type(m).__name__ == "Qwen2MoeSparseMoeBlock":
-            subclass(m, fixed, attrs)
+    subclass_all(model, "Qwen2MoeSparseMoeBlock", attrs)
 
 
 def hunyuan(model: nn.Module, config: Mapping) -> None:
@@ -60,20 +58,14 @@ def hunyuan(model: nn.Module, config: Mapping) -> None:
 
     def attrs(base):
         def call(self, x):
-            probs = mx.softmax(self.gate(x).astype(mx.float32), axis=-1)
-            k = self.top_k
-            inds = mx.stop_gradient(mx.argpartition(-probs, kth=k - 1, axis=-1)[..., :k])
-            scores = mx.take_along_axis(probs, inds, axis=-1)
+            inds, scores = top_k(mx.softmax(self.gate(x).astype(mx.float32), axis=-1), self.top_k)
             scores = scores / scores.sum(axis=-1, keepdims=True)
             y = self.switch_mlp(x, inds)
             y = (y * scores[..., None]).sum(axis=-2).astype(y.dtype)
             return y + self.shared_mlp(x)
         return {"__call__": call}
 
-    fixed: dict = {}
-    for _, m in model.named_modules():
-        if type(m).__name__ == "MoeBlock" and hasattr(m, "shared_mlp"):
-            subclass(m, fixed, attrs)
+    subclass_all(model, "MoeBlock", attrs, where=lambda m: hasattr(m, "shared_mlp"))
 
 
 
@@ -117,20 +109,15 @@ def ernie4_5_moe(model: nn.Module, config: Mapping) -> None:
     def attrs(base):
         def call(self, x):
             probs = mx.softmax(self.gate(x).astype(mx.float32), axis=-1, precise=True)
-            k = self.k
             bias = self.moe_statics.e_score_correction_bias.reshape(-1).astype(mx.float32)
-            inds = mx.stop_gradient(mx.argpartition(-(probs + bias), kth=k - 1, axis=-1)[..., :k])
-            scores = mx.take_along_axis(probs, inds, axis=-1)
+            inds, scores = top_k(probs, self.k, probs + bias)
             scores = scores / mx.maximum(scores.sum(axis=-1, keepdims=True), norm_min)
             y = self.switch_mlp(x, inds)
             y = (y * scores[..., None]).sum(axis=-2).astype(y.dtype)
             return y if self.shared_experts is None else y + self.shared_experts(x)
         return {"__call__": call}
 
-    fixed: dict = {}
-    for _, m in model.named_modules():
-        if type(m).__name__ == "Ernie4_5_MoeMLP":
-            subclass(m, fixed, attrs)
+    subclass_all(model, "Ernie4_5_MoeMLP", attrs)
 
 
 def afmoe(model: nn.Module) -> None:
@@ -141,16 +128,11 @@ def afmoe(model: nn.Module) -> None:
     def attrs(base):
         def call(self, x):
             scores = mx.sigmoid(self.router(x).astype(mx.float32))
-            k = self.num_experts_per_tok
-            inds = mx.stop_gradient(mx.argpartition(-(scores + self.expert_bias), kth=k - 1, axis=-1)[..., :k])
-            top = mx.take_along_axis(scores, inds, axis=-1)
+            inds, top = top_k(scores, self.num_experts_per_tok, scores + self.expert_bias)
             top = top / (top.sum(axis=-1, keepdims=True) + 1e-20) * self.route_scale
             y = self.experts(x, inds)
             y = (y * top[..., None]).sum(axis=-2).astype(y.dtype)
             return y + self.shared_experts(x) if "shared_experts" in self else y
         return {"__call__": call}
 
-    fixed: dict = {}
-    for _, m in model.named_modules():
-        if type(m).__name__ == "AfmoeMoE":
-            subclass(m, fixed, attrs)
+    subclass_all(model, "AfmoeMoE", attrs)
