@@ -650,3 +650,22 @@ def test_diff_map_rules_file_end_to_end(tmp_path, capsys):
     rc = main(["diff", str(tmp_path / "ref.safetensors"), str(tmp_path / "eng.npz"), "--map", str(tmp_path / "none.json")])
     err = capsys.readouterr().err
     assert rc == 2 and "--map" in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_engine_tensor_matching_no_op_that_holds_nan_is_a_finding_not_a_clean():
+    """An engine's NaN / +Inf in a tensor no op of ours matches (a private buffer, a name the
+    rules missed) is said and exits 1; -Inf alone (an attention mask's fill) and the NaN
+    placeholders of a partly printed dump are not."""
+    rng = np.random.default_rng(0)
+    ref = {"embed_tokens": rng.standard_normal((4, 8)).astype(np.float32)}
+    eng = dict(ref, scratch=np.array([1.0, np.nan, np.inf, 2.0], np.float32))
+    r = compare_arrays(ref, eng)
+    assert r.first_divergence is None and r.found and r.outcome == "divergence" and not r.clean
+    assert r.unmatched_nonfinite == {"scratch": [2, 4]} and r.to_dict()["unmatched_nonfinite"] == {"scratch": [2, 4]}
+    assert "scratch holds 2 NaN / +Inf values (of 4) and matched no op" in r.verdict()
+    assert "scratch (2 NaN / +Inf)" in r.summary()
+    mask = dict(ref, kq_mask=np.array([0.0, -np.inf, -np.inf, 0.0], np.float32))
+    assert compare_arrays(ref, mask).clean
+    printed = np.array([np.nan, 1.0, np.nan, 2.0], np.float32)  # (NaN where the dump printed nothing)
+    partial = compare_arrays(ref, dict(ref, corner=printed), known={"corner": ~np.isnan(printed)})
+    assert partial.unmatched_nonfinite == {} and partial.clean

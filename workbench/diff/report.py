@@ -221,4 +221,26 @@ def compare_arrays(reference: Mapping[str, Any], engine: Mapping[str, Any], orde
                       unmatched_reference=unmatched_reference, tolerance=tol, renamed=renamed,
                       suggestions=suggestions, noise_dtype=noise_dtype if noise is not None else None,
                       inputs={k: tuple(v) for k, v in (inputs or {}).items()},
-                      engine_total=len(engine), dropped=dropped)
+                      engine_total=len(engine), dropped=dropped,
+                      unmatched_nonfinite=nonfinite_counts(engine, [n for n in unmatched_engine if n not in dropped],
+                                                           known))
+
+
+def nonfinite_counts(engine: Mapping[str, Any], names: Sequence[str],
+                     known: Mapping[str, np.ndarray] | None = None) -> dict[str, list[int]]:
+    """name -> [NaN and +Inf elements, elements] of the engine's float tensors ``names`` that hold
+    any (of the elements the dump holds, where ``known`` says which): an engine's NaN or +Inf is a
+    finding even where no op of ours is its counterpart.  (-Inf is left out: the fill of the
+    attention masks engines dump beside their ops, llama.cpp's KQ_mask.)"""
+    out = {}
+    for n in names:
+        a = to_numpy(engine[n])
+        if a.dtype.kind != "f" or not a.size:
+            continue
+        k = None if known is None else known.get(n)
+        bad = np.isnan(a) | np.isposinf(a)
+        bad = bad if k is None else bad & k
+        count = int(np.count_nonzero(bad))
+        if count:
+            out[n] = [count, int(a.size if k is None else np.count_nonzero(k))]
+    return out

@@ -151,6 +151,8 @@ class DiffReport:
     weights: list = field(default_factory=list)  # WeightDiff: engine tensors named like checkpoint tensors
     engine_total: int | None = None  # every tensor of the engine's dump (activations and weights)
     dropped: list[str] = field(default_factory=list)  # engine tensors the rules map to "" (left out on purpose)
+    #: engine tensors that matched no op but hold NaN / +Inf: name -> [those, elements] (a finding)
+    unmatched_nonfinite: dict = field(default_factory=dict)
     #: what each side's float32 matmuls ran as ("float32", "tf32", "n/a (cpu)", ...; None: not recorded)
     precision: dict = field(default_factory=dict)  # {"reference": ..., "engine": ...}
     precision_warning: str | None = None  # one line when one side ran TF32 and the other did not
@@ -253,7 +255,7 @@ class DiffReport:
         """A divergence, an op wrong on the engine's own inputs, or a weight unlike the checkpoint's
         (CLI exit status 1)."""
         return (self.first_divergence is not None or self.first_local_divergence is not None
-                or self.first_weight_mismatch is not None)
+                or self.first_weight_mismatch is not None or bool(self.unmatched_nonfinite))
 
     @property
     def first_weight_mismatch(self):
@@ -298,12 +300,21 @@ class DiffReport:
         with nothing found in too little of the dump, why there is no verdict."""
         v = self._verdict()
         if v is None and self.first_weight_mismatch is None:
-            return self.low_coverage
+            return self.nonfinite_unmatched_text() or self.low_coverage
         fw = self.first_weight_mismatch
         if fw is not None:
             w = f"the engine's {fw.name} differs from the checkpoint's ({fw.reasons[0] if fw.reasons else fw.status})"
             return w if v is None else f"{w}. {v}"
         return v
+
+    def nonfinite_unmatched_text(self) -> str | None:
+        """One sentence on the engine tensors that matched no op and hold NaN / Inf, or None."""
+        if not self.unmatched_nonfinite:
+            return None
+        (name, (bad, size)), more = next(iter(self.unmatched_nonfinite.items())), len(self.unmatched_nonfinite) - 1
+        return (f"the engine's {name} holds {bad} NaN / +Inf values (of {size}) and matched no op of ours"
+                + (f" (and {more} more such tensors)" if more else "")
+                + ": its NaN / Inf is not compared; give it our op's name (--map) to see where it starts")
 
     def _verdict(self) -> str | None:
         fd = self.first_divergence
@@ -351,6 +362,7 @@ class DiffReport:
             "compared": self.compared,
             "coverage": self.coverage,
             "unmatched_engine": list(self.unmatched_engine),
+            "unmatched_nonfinite": {k: list(v) for k, v in self.unmatched_nonfinite.items()},
             "unmatched_reference": list(self.unmatched_reference),
             "ops": [o.to_dict() for o in self.ops],
             "tolerance": self.tolerance.to_dict(),

@@ -30,7 +30,9 @@ def finding_lines(report: Any) -> list[str]:
     if report.unmatched_engine:  # first: names that matched nothing are the first thing to fix
         shown = report.unmatched_engine[:6]
         lines.append(f"engine tensors matching no op ({len(report.unmatched_engine)}): "
-                     + ", ".join(n + (f" (closest: {report.suggestions[n]})" if n in report.suggestions else "")
+                     + ", ".join(n + (f" ({report.unmatched_nonfinite[n][0]} NaN / +Inf)"
+                                      if n in report.unmatched_nonfinite else "")
+                                 + (f" (closest: {report.suggestions[n]})" if n in report.suggestions else "")
                                  for n in shown)
                      + (f" ... (+{len(report.unmatched_engine) - len(shown)}; --json lists them)"
                         if len(report.unmatched_engine) > len(shown) else ""))
