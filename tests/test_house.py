@@ -133,13 +133,7 @@ def package_of(m: str, mods: dict = MODULES) -> str:
     return top if top != m and top in mods and mods[top].name == "__init__.py" else m
 
 
-#: (module, module it imports) still running up a floor, each with its reason and its end:
-#: left out of the package graph while it stands; test_the_known_upward_imports_still_stand
-#: fails once it is gone, so the entry goes with it
-KNOWN_UPWARD: dict[tuple[str, str], str] = {}
-
-
-def package_graph(root: Path = ROOT, known: dict = KNOWN_UPWARD) -> dict[str, dict[str, list[str]]]:
+def package_graph(root: Path = ROOT) -> dict[str, dict[str, list[str]]]:
     """package -> the packages it imports -> the imports making each arrow (``module:line``)."""
     mods = modules(root)
     out: dict[str, dict[str, list[str]]] = {}
@@ -148,15 +142,15 @@ def package_graph(root: Path = ROOT, known: dict = KNOWN_UPWARD) -> dict[str, di
         arrows = out.setdefault(a, {})
         for t, where in imports(mods, m).items():
             b = package_of(t, mods)
-            if b != a and (m, t) not in known:
+            if b != a:
                 arrows.setdefault(b, []).extend(f"{m}:{ln}" for _, ln in where)
     return out
 
 
-def package_cycles(root: Path = ROOT, known: dict = KNOWN_UPWARD) -> list[str]:
+def package_cycles(root: Path = ROOT) -> list[str]:
     """Every set of packages that import each other (a strongly connected component of the
     package graph), with the imports that close it; [] when the packages form floors."""
-    g = package_graph(root, known)
+    g = package_graph(root)
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -204,12 +198,6 @@ def test_no_package_cycle():
     # not, runs from a package back to one that imports it
     knots = package_cycles()
     assert not knots, "packages that import each other:\n" + "\n".join(knots)
-
-
-def test_the_known_upward_imports_still_stand():
-    # an entry of KNOWN_UPWARD whose import is gone is removed with it (the list only shrinks)
-    gone = [f"{m} -> {t}" for m, t in KNOWN_UPWARD if t not in GRAPH.get(m, {})]
-    assert not gone, "remove from KNOWN_UPWARD: " + ", ".join(gone)
 
 
 def test_a_function_level_import_closes_a_package_cycle(tmp_path):

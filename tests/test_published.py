@@ -1,4 +1,4 @@
-"""Configs as they are published open exactly, or are refused in one line (issue 40, item 1).
+"""Configs as they are published open exactly: every one, none refused (issue 40, item 1).
 
 tests/data/published/<case>/ holds a config.json copied from a public repository
 (original.json, its source in source.json and SOURCES.md), the same config with tiny sizes
@@ -32,13 +32,10 @@ CASES = refs.cases()
 TOL = 64 * float(np.finfo(np.float32).eps)
 #: model types our own op programs build (also compared op by op)
 OP_FAMILIES = {"llama", "mistral", "qwen2", "qwen3", "gemma3_text", "gemma4_text"}
-#: cases refused, and the words of their one-line reason (none where a user could do better)
-REFUSED: dict[str, str] = {}
-#: where mlx-lm computes otherwise than transformers and no correction exists yet -> the cause
-#: (reported to checkpoint/corrections' owner; strict: the test fails once it is corrected)
-DEPARTURES: dict[str, str] = {}  # (gemma_2b's hidden_act "gelu": corrected, checkpoint/corrections/activation.py)
-#: cases with a window shorter than the prompt that mlx-lm's family never applies: compared up
-#: to model.max_tokens at module level while the window is not corrected (checkpoint/corrections)
+#: (every published config opens: none is refused, none departs from torch; gemma_2b's legacy
+#: hidden_act "gelu" is corrected, checkpoint/corrections/activation.py)
+#: cases whose (shrunk) window is shorter than the prompt, a window mlx-lm's family never
+#: applies: applied as the original does (checkpoint/corrections/windows.py), every position exact
 WINDOWED = {"gemma2_2b", "mistral_7b_v0.1", "phi3_mini_4k", "starcoder2_15b"}
 
 
@@ -102,18 +99,16 @@ def test_shrink_keeps_the_meaning_of_what_it_shrinks():
     assert g2["query_pre_attn_scalar"] == g2["head_dim"]
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=DEPARTURES[c]))
-                                  if c in DEPARTURES else c for c in CASES if c not in REFUSED])
+@pytest.mark.parametrize("case", CASES)
 def test_module_level_logits_equal_torch(ckpts, case):
     ref = np.load(DATA / "published" / case / "logits.npy")
     model = workbench.load(ckpts[case], granularity="module")
-    n = min(model.max_tokens or len(IDS), len(IDS))
-    assert n == len(IDS) or case in WINDOWED, (case, model.max_tokens)  # (only a window bounds a prompt)
-    out = np.array(model(mx.array([IDS[:n]])).astype(mx.float32))
-    assert rel_err(out, ref[:, :n]) <= TOL, (case, rel_err(out, ref[:, :n]))
+    assert model.max_tokens is None, (case, model.max_tokens)  # (no window bounds the prompt)
+    out = np.array(model(mx.array([IDS])).astype(mx.float32))
+    assert rel_err(out, ref) <= TOL, (case, rel_err(out, ref))
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c not in REFUSED and config(c)["model_type"] in OP_FAMILIES])
+@pytest.mark.parametrize("case", [c for c in CASES if config(c)["model_type"] in OP_FAMILIES])
 def test_op_level_logits_equal_torch(ckpts, case):
     ref = np.load(DATA / "published" / case / "logits.npy")
     model = workbench.load(ckpts[case], granularity="op", dtype="float32")
@@ -121,22 +116,11 @@ def test_op_level_logits_equal_torch(ckpts, case):
     assert rel_err(out, ref) <= TOL, (case, rel_err(out, ref))
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c not in REFUSED])
+@pytest.mark.parametrize("case", CASES)
 def test_inspect_agrees(ckpts, case, capsys):
     code = main(["inspect", str(ckpts[case]), "--json"])
     out, _ = capsys.readouterr()
     assert code == 0, (case, [p for p in json.loads(out).get("problems", []) if p.get("severity") == "error"])
-
-
-if REFUSED:  # (defined only while some published config is refused)
-    @pytest.mark.parametrize("case", sorted(REFUSED))
-    def test_a_refusal_is_one_line_naming_why(ckpts, case, capsys):
-        with pytest.raises(Exception, match=REFUSED[case]):
-            workbench.load(ckpts[case], granularity="module")
-        capsys.readouterr()
-        assert main(["hunt", str(ckpts[case]), "--ids", "3,17", "--json"]) == 2
-        out, err = capsys.readouterr()
-        assert REFUSED[case] in json.loads(out)["error"] and len(err.strip().splitlines()) == 1
 
 
 def test_the_keys_the_reader_keeps_unread_are_read_by_no_model():

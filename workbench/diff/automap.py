@@ -194,12 +194,26 @@ def _follow_engine_order(assigned: dict, groups: Mapping, targets: Sequence, fir
     engine's dump contradicts -- of two such names of the same layers, the one it computed first
     took our later op -- trade ops, where each fits the other's: the engine's own order is
     the better evidence there (its raw logits before its soft-capped ones)."""
-    shaped = [g for g, (_, _, phase) in assigned.items() if phase == "shape"]
+    by_layers: dict = defaultdict(list)  # (names of the same layers only are ordered against each other)
+    for g, (_, mapped, phase) in assigned.items():
+        if phase == "shape":
+            by_layers[frozenset(targets[j].layer for j in mapped.values())].append(g)
+    for shaped in by_layers.values():
+        if len(shaped) <= ORDER_PAIRS_MAX:  # (bounded: a hostile dump's thousands are left as mapped)
+            _trade_pairs(shaped, assigned, groups, targets, first, rank)
+
+
+#: names mapped by shape, of the same layers, past which their order is not checked pair by pair
+ORDER_PAIRS_MAX = 64
+
+
+def _trade_pairs(shaped: list, assigned: dict, groups: Mapping, targets: Sequence, first: Callable,
+                 rank: Callable) -> None:
+    """Each pair of ``shaped`` whose order the engine's contradicts trades ops (where each fits
+    the other's): :func:`_follow_engine_order`'s step for one set of layers."""
     for k, a in enumerate(shaped):
         for b in shaped[k + 1:]:
             (ta, ma, _), (tb, mb, _) = assigned[a], assigned[b]
-            if {targets[j].layer for j in ma.values()} != {targets[j].layer for j in mb.values()}:
-                continue
             ours_first = min(targets[j].index for j in ma.values()) < min(targets[j].index for j in mb.values())
             if ours_first == (first(a) < first(b)):
                 continue
