@@ -522,3 +522,14 @@ def test_a_dtype_an_mlx_kernel_cannot_run_here_is_refused_before_running(ckpts, 
         assert code == 2
         assert "float32 only, not float16" in json.loads(out)["error"] and len(err.strip().splitlines()) == 1
     assert main(["hunt", str(ckpts["qwen2_moe"]), "--ids", "3,17,42", "--dtype", "float32", "--json"]) == 0
+
+
+def test_a_value_a_correction_reads_is_checked_in_one_line(ckpts, tmp_path, capsys):
+    """ERNIE 4.5 MoE's moe_norm_min (read by the routing correction, not by mlx-lm): a string
+    was "could not convert string to float: 'x'", naming neither file nor key."""
+    d = with_config(ckpts["ernie4_5_moe"], tmp_path / "e", lambda c: dict(c, moe_norm_min="x"))
+    with pytest.raises(Exception, match="moe_norm_min = 'x' is not a finite number"):
+        workbench.load(d, granularity="module")
+    capsys.readouterr()
+    assert main(["hunt", str(d), "--ids", "3,17"]) == 2
+    assert "config.json: moe_norm_min" in capsys.readouterr().err

@@ -1,12 +1,14 @@
 """Mixture-of-experts routing as transformers weighs the chosen experts (see the package doc)."""
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from workbench.checkpoint.corrections.common import subclass, subclass_all
+from workbench.errors import ConfigError
 
 
 def top_k(scores: mx.array, k: int, pick: mx.array | None = None) -> tuple[mx.array, mx.array]:
@@ -104,6 +106,9 @@ def ernie4_5_moe(model: nn.Module, config: Mapping) -> None:
     ``moe_norm_min``); always a softmax (mlx-lm's ``moe_gate_act`` is no option of the original)."""
     ernie4_5_moe_prepare(model)
     norm_min = config.get("moe_norm_min", 1e-12)
+    if norm_min is not None and (isinstance(norm_min, bool) or not isinstance(norm_min, (int, float))
+                                 or not math.isfinite(norm_min)):
+        raise ConfigError(f"config.json: moe_norm_min = {norm_min!r} is not a finite number (nor null)")
     norm_min = 0.0 if norm_min is None else float(norm_min)  # (torch.clamp(min=None): no floor)
 
     def attrs(base):
